@@ -1,0 +1,33 @@
+# Two entry points: `make demo` and `make test`. Each creates .venv if missing.
+PYTHON ?= python3
+VENV ?= .venv
+# torch first, from the spec below, so that pip never resolves a multi-GB CUDA build
+# as a dependency of something else. Override on a GPU box: make test TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gpu-sampler-installed
+
+.PHONY: test demo bench gpu-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test,demo]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/gpu-sampler demo
+
+bench: $(STAMP)
+	$(BIN)/gpu-sampler bench
+
+# On a CUDA machine with torch/triton/transformers already installed and no registry.
+gpu-check:
+	bash bench/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info

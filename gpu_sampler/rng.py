@@ -1,0 +1,56 @@
+"""Counter-based randomness shared by the Triton kernel and the torch twin.
+
+A row's uniforms are a pure function of (seed, offset, token id):
+    key  = splitmix64(seed ^ splitmix64(offset))                 64-bit row key
+    h    = fmix32(fmix32(id * 0x9E3779B1 ^ key_lo) ^ key_hi)     32-bit hash per token
+    u    = (h >> 8 + 0.5) / 2**24                                in (0, 1)
+so the same (seed, offset) gives the same token on CPU and GPU, whatever else is in the batch.
+Written here with int64 tensors (wrapping multiply, logical shifts by masking); the kernel
+version is in kernels/sampling.py (_splitmix64, _fmix32, _uniform).
+"""
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _s64(c):
+    """A uint64 constant as the int64 with the same bits."""
+    return c - (1 << 64) if c >= (1 << 63) else c
+
+
+def _lsr(z, s):
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64(z):
+    z = z + _s64(0x9E3779B97F4A7C15)
+    z = (z ^ _lsr(z, 30)) * _s64(0xBF58476D1CE4E5B9)
+    z = (z ^ _lsr(z, 27)) * _s64(0x94D049BB133111EB)
+    return z ^ _lsr(z, 31)
+
+
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def row_keys(seed, offset):
+    """(key_lo, key_hi) int64 [B, 1] tensors in [0, 2**32) from int64 seed / offset [B]."""
+    key = splitmix64(seed ^ splitmix64(offset))
+    return (key & _M32).unsqueeze(1), (_lsr(key, 32) & _M32).unsqueeze(1)
+
+
+def uniform(key_lo, key_hi, ids):
+    """float32 uniforms in (0, 1) for token ids (int64, broadcast against [B, 1] keys)."""
+    h = ((ids & _M32) * 0x9E3779B1) & _M32
+    h = _fmix32(h ^ key_lo)
+    h = _fmix32(h ^ key_hi)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def gumbel(key_lo, key_hi, ids):
+    u = uniform(key_lo, key_hi, ids)
+    return -torch.log(-torch.log(u))

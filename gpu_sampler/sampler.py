@@ -1,0 +1,264 @@
+"""Public sampling API: validation, normalisation and backend dispatch.
+
+Layers: kernels/sampling.py (Triton kernel + launcher) and reference.py (torch twin) share one
+set of rules; this module validates once and hands both the same normalised parameters:
+a Python number for every row, or a contiguous (B,) tensor (float32, or int64 for integer ones).
+"""
+import math
+import numbers
+import os
+
+import torch
+
+from . import reference
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_BACKENDS = ("auto", "torch", "triton")
+
+
+def triton_available():
+    """True when triton imports (it may still have no GPU driver to run on)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _fmt(v):
+    return repr(v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+
+
+def _param(name, value, B, device, kind, check, bad_if):
+    """Normalise one parameter; ``bad_if`` maps a tensor of values to a bool mask of bad ones."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.shape[0] != B:
+            raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
+                             f"got a tensor of shape {tuple(value.shape)}")
+        if value.device != device:
+            raise ValueError(f"{name} must be on the logits' device {device}, got {value.device}")
+        if kind == "int":
+            if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+            value = value.to(torch.int64).contiguous()
+        else:
+            if not value.dtype.is_floating_point:
+                raise ValueError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+            value = value.to(torch.float32).contiguous()
+        if check:
+            bad = bad_if(value.to(torch.float64))
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"{name} has an invalid value {value[i].item()!r} at row {i}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, got {value!r}")
+    if kind == "int":
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    if bool(bad_if(torch.tensor([value], dtype=torch.float64)).any()):
+        raise ValueError(f"{name} has an invalid value {value!r}")
+    return value
+
+
+def _nan(v):
+    return v.isnan()
+
+
+_RULES = {
+    # name: (kind, predicate of bad values)
+    "temperature": ("float", lambda v: (v < 0) | v.isnan() | v.isinf()),
+    "top_k": ("int", lambda v: v < 0),
+    "top_p": ("float", lambda v: (v < 0) | (v > 1) | v.isnan()),
+    "min_p": ("float", lambda v: (v < 0) | (v > 1) | v.isnan()),
+    "repetition_penalty": ("float", lambda v: (v <= 0) | v.isnan() | v.isinf()),
+    "presence_penalty": ("float", lambda v: v.isnan() | v.isinf()),
+    "frequency_penalty": ("float", lambda v: v.isnan() | v.isinf()),
+}
+
+
+def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend):
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
+    if logits.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"logits must be floating point (float32/float16/bfloat16), "
+                         f"got dtype {logits.dtype}")
+    B, V = logits.shape
+    if V == 0:
+        raise ValueError("logits has V=0 columns: the vocabulary must have at least one token")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    dev = logits.device
+    out = {}
+    for name, value in params.items():
+        kind, bad_if = _RULES[name]
+        out[name] = _param(name, value, B, dev, kind, check, bad_if)
+
+    if input_ids is not None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a 2-D [B, L] integer tensor, got "
+                             f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+        if input_ids.shape[0] != B:
+            raise ValueError(f"input_ids must have B={B} rows, got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+        if input_ids.device != dev:
+            raise ValueError(f"input_ids must be on the logits' device {dev}, got {input_ids.device}")
+        if check and input_ids.numel() > 0:
+            mx = int(input_ids.max())
+            if mx >= V:
+                raise ValueError(f"input_ids contains id {mx}, which is >= the vocabulary size V={V}")
+    if prompt_lens is not None:
+        prompt_lens = _param("prompt_lens", prompt_lens, B, dev, "int", check,
+                             lambda v: (v < 0) | v.isnan())
+    if generator is not None and seed is not None:
+        raise ValueError("pass either generator or seed, not both")
+    if offset is not None and seed is None:
+        raise ValueError(f"offset={_fmt(offset)} needs seed: offsets index a seeded stream")
+    if seed is not None:
+        seed = _param("seed", seed, B, dev, "int", False, lambda v: v.isnan())
+        offset = _param("offset", 0 if offset is None else offset, B, dev, "int", False,
+                        lambda v: v.isnan())
+    return out, input_ids, prompt_lens, seed, offset
+
+
+def _pick_backend(backend, logits):
+    if backend == "torch":
+        return "torch"
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' needs the triton package, which does not import")
+        if not logits.is_cuda and not interp:
+            raise ValueError(f"backend='triton' needs CUDA tensors (logits are on {logits.device});"
+                             " set TRITON_INTERPRET=1 before importing gpu_sampler to run the "
+                             "kernel on CPU tensors")
+        return "triton"
+    return "triton" if logits.is_cuda and triton_available() else "torch"
+
+
+def _draw_seeds(B, device, generator, needed):
+    """Per-row 63-bit seeds from the generator: one tiny launch, CUDA-graph safe, no sync."""
+    if not needed:
+        return 0
+    return torch.randint(0, 2 ** 63 - 1, (B,), device=device, dtype=torch.int64,
+                         generator=generator)
+
+
+def _needs_random(temperature):
+    if isinstance(temperature, torch.Tensor):
+        return True
+    return temperature != 0.0
+
+
+def _raise_invalid(logits, bad_rows, what):
+    r = int(bad_rows.nonzero()[0, 0])
+    if bool(logits[r].isnan().any()):
+        raise ValueError(f"logits row {r} contains NaN")
+    raise ValueError(f"logits row {r} has no finite logit left to {what} (all -inf after "
+                     "penalties, or an invalid per-row parameter)")
+
+
+def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+           presence_penalty=0.0, frequency_penalty=0.0, input_ids=None, prompt_lens=None,
+           generator=None, seed=None, offset=None, return_logprobs=False, check=True,
+           backend="auto"):
+    """Draw one token per row after penalties, temperature, top-k, top-p and min-p.
+
+    Args:
+        logits: [B, V] float32 / float16 / bfloat16 (math is float32), V >= 1.
+        temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+        frequency_penalty: a Python number for every row, or a 1-D tensor of length B on the
+            logits' device. temperature 0 = greedy for that row (argmax, lowest index on ties);
+            top_k 0, top_p 1.0, min_p 0.0 = off. Applied in transformers' order:
+            repetition -> presence/frequency -> temperature -> top-k -> top-p -> min-p.
+        input_ids: [B, L] integer history for the penalties; negative ids are padding.
+        prompt_lens: int or LongTensor [B]; presence/frequency count only positions >= it.
+        generator: torch.Generator for the draw (default: the device's default generator).
+        seed, offset: int or LongTensor [B] each; a row's token then depends only on its
+            logits, parameters, seed and offset (e.g. offset = position).
+        return_logprobs: also return the float32 log-probability of each drawn token under
+            the distribution it was drawn from (``sampling_distribution``).
+        check: validate tensor parameter values and raise ValueError for NaN rows or rows with
+            nothing left to sample (may synchronise). With check=False nothing synchronises
+            and such rows yield token -1 (logprob -inf).
+        backend: "auto" (Triton kernel on CUDA, torch twin otherwise), "triton" or "torch".
+
+    Returns:
+        LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs.
+
+    Example:
+        >>> import torch, gpu_sampler
+        >>> logits = torch.randn(4, 1000)
+        >>> tok = gpu_sampler.sample(logits, temperature=torch.tensor([0.0, 0.7, 1.0, 0.7]),
+        ...                          top_k=50, top_p=0.9, seed=1234, offset=7)
+        >>> tok.shape
+        torch.Size([4])
+    """
+    params = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                  frequency_penalty=frequency_penalty)
+    params, input_ids, prompt_lens, seed, offset = _normalise(
+        logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend)
+    B = logits.shape[0]
+    if seed is None:
+        seed = _draw_seeds(B, logits.device, generator, _needs_random(params["temperature"]))
+        offset = 0
+    which = _pick_backend(backend, logits)
+    if B == 0:
+        tok = torch.empty(0, dtype=torch.int64, device=logits.device)
+        logp = torch.empty(0, dtype=torch.float32, device=logits.device)
+    elif which == "triton":
+        from . import kernels
+        tok, logp = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
+                                         seed=seed, offset=offset, **params)
+    else:
+        tok, logp = reference.sample_reference(logits, input_ids=input_ids,
+                                               prompt_lens=prompt_lens, seed=seed,
+                                               offset=offset, **params)
+    if check and B > 0:
+        bad = tok < 0
+        if bool(bad.any()):
+            _raise_invalid(logits, bad, "sample")
+    return (tok, logp) if return_logprobs else tok
+
+
+def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                          repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                          input_ids=None, prompt_lens=None, check=True, backend="auto"):
+    """The exact distribution ``sample`` draws from, as float32 [B, V].
+
+    Takes the same filtering / penalty parameters as ``sample`` (see there). Filtered tokens are
+    0; rows with temperature 0 are one-hot at the argmax. Invalid rows (NaN, nothing left) raise
+    ValueError with check=True, and are all zeros with check=False.
+
+    Example:
+        >>> import torch, gpu_sampler
+        >>> p = gpu_sampler.sampling_distribution(torch.tensor([[2.0, 1.0, 1.0, -1.0]]), top_k=2)
+        >>> p[0, 3].item()
+        0.0
+    """
+    params = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                  frequency_penalty=frequency_penalty)
+    params, input_ids, prompt_lens, _, _ = _normalise(
+        logits, params, input_ids, prompt_lens, None, None, None, check, backend)
+    if logits.shape[0] == 0:
+        return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if _pick_backend(backend, logits) == "triton":
+        from . import kernels
+        probs = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
+                                     write_probs=True, **params)
+    else:
+        probs = reference.sampling_distribution_reference(
+            logits, input_ids=input_ids, prompt_lens=prompt_lens, **params)
+    if check:
+        bad = ~(probs.sum(1) > 0)
+        if bool(bad.any()):
+            _raise_invalid(logits, bad, "sample from")
+    return probs
