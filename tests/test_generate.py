@@ -1,0 +1,424 @@
+"""gpu_sampler.generate against transformers' own model.generate()."""
+import os
+
+import pytest
+import torch
+from scipy import stats
+from transformers import GenerationConfig
+from transformers.generation import logits_process as lp
+from transformers.generation.streamers import BaseStreamer
+
+import gpu_sampler
+from gpu_sampler.cache import StaticKVCache
+from gpu_sampler.generation import generate, patch, unpatch
+from tests.models import ARCHS, tiny_model, train_tokenizer
+
+V = 1000
+
+
+def _prompts(lengths, seed, vocab=V):
+    """Left-padded prompts of different lengths: (ids, mask)."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, L - n:] = torch.randint(3, vocab, (n,), generator=g)
+        mask[b, L - n:] = 1
+    return ids, mask
+
+
+def _seed():
+    return int(torch.randint(0, 2**31 - 1, (1,)))
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_model(request):
+    return tiny_model(request.param, seed=5)
+
+
+GREEDY_CASES = {
+    "plain": dict(),
+    "rep1.3": dict(repetition_penalty=1.3),
+    "min_new": dict(min_new_tokens=6),
+    "ngram": dict(no_repeat_ngram_size=2),
+    "bad_words": dict(bad_words_ids=[[7], [11, 12], [100, 101, 102]]),
+}
+
+
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_matches_hf(arch_model, case):
+    ids, mask = _prompts([9, 5, 2], _seed())
+    kw = dict(GREEDY_CASES[case], max_new_tokens=12, do_sample=False)
+    ref = arch_model.generate(ids, attention_mask=mask, **kw)
+    out = generate(arch_model, ids, attention_mask=mask, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_greedy_eos_mid_way_and_eos_list(arch_model):
+    ids, mask = _prompts([8, 3, 6], _seed())
+    L = ids.shape[1]
+    free = arch_model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False,
+                               eos_token_id=V + 5)
+    # One eos id per row taken from what greedy produces, so every row stops early.
+    eos = [int(free[0, L + 3]), int(free[1, L + 5]), int(free[2, L + 1])]
+    for e in (eos, eos[0]):
+        ref = arch_model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False,
+                                  eos_token_id=e, pad_token_id=0)
+        out = generate(arch_model, ids, attention_mask=mask, max_new_tokens=14, do_sample=False,
+                       eos_token_id=e, pad_token_id=0)
+        assert torch.equal(out, ref)
+    assert out.shape[1] < L + 14 or ref.shape == out.shape
+
+
+def test_eos_shortens_output_with_padding():
+    model = tiny_model("llama", seed=9)
+    ids, mask = _prompts([4, 7, 5], _seed())
+    L = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                          eos_token_id=V + 5)
+    eos = [int(free[b, L + s]) for b, s in ((0, 2), (1, 6), (2, 4))]
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                   eos_token_id=eos, pad_token_id=0)
+    assert ref.shape[1] <= L + 7
+    assert torch.equal(out, ref)
+
+
+class _BanMultiplesOf(lp.LogitsProcessor):
+    def __init__(self, m):
+        self.m = m
+
+    def __call__(self, input_ids, scores):
+        banned = torch.arange(scores.shape[1], device=scores.device) % self.m == 0
+        return scores.masked_fill(banned, float("-inf"))
+
+
+def test_user_logits_processor_with_repetition_penalty_matches_hf():
+    model = tiny_model("qwen2", seed=2)
+    ids, mask = _prompts([6, 3, 5], _seed())
+    kw = dict(max_new_tokens=10, do_sample=False, repetition_penalty=1.3)
+    ref = model.generate(ids, attention_mask=mask,
+                         logits_processor=lp.LogitsProcessorList([_BanMultiplesOf(3)]), **kw)
+    out = generate(model, ids, attention_mask=mask,
+                   logits_processor=lp.LogitsProcessorList([_BanMultiplesOf(3)]), **kw)
+    assert torch.equal(out, ref)
+    assert not bool((out[:, ids.shape[1]:] % 3 == 0).any())
+
+
+def _hf_chain(first_attended, rp=1.2, T=0.7, k=50, p=0.9, min_p=None):
+    chain = [lp.RepetitionPenaltyLogitsProcessor(rp, prompt_ignore_length=first_attended),
+             lp.TemperatureLogitsWarper(T), lp.TopKLogitsWarper(k), lp.TopPLogitsWarper(p)]
+    if min_p is not None:
+        chain.append(lp.MinPLogitsWarper(min_p))
+    return lp.LogitsProcessorList(chain)
+
+
+@pytest.mark.parametrize("min_p", [None, 0.05])
+def test_sampling_scores_equal_hf_processor_chain(min_p):
+    model = tiny_model("llama", seed=4)
+    ids, mask = _prompts([7, 4, 6], _seed())
+    L = ids.shape[1]
+    kw = dict(do_sample=True, repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
+    if min_p is not None:
+        kw["min_p"] = min_p
+    res = generate(model, ids, attention_mask=mask, max_new_tokens=8, return_dict_in_generate=True,
+                   output_scores=True, output_logits=True, **kw)
+    seq = res.sequences
+    assert len(res.scores) == len(res.logits) == seq.shape[1] - L
+    chain = _hf_chain((mask != 0).int().argmax(1), min_p=min_p)
+    for i, (scores, raw) in enumerate(zip(res.scores, res.logits)):
+        expected = chain(seq[:, :L + i], raw.clone())
+        assert torch.equal(torch.isinf(scores), torch.isinf(expected)), i
+        fin = torch.isfinite(expected)
+        torch.testing.assert_close(scores[fin], expected[fin], atol=1e-5, rtol=0)
+        # The drawn token is inside the support.
+        assert bool(torch.isfinite(scores.gather(1, seq[:, L + i, None])).all())
+    # Step 0's raw logits are transformers' own.
+    hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, return_dict_in_generate=True,
+                        output_scores=True, output_logits=True, **kw)
+    torch.testing.assert_close(res.logits[0], hf.logits[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(res.scores[0], hf.scores[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("config", [
+    dict(do_sample=True),                                   # top_k=50 by default
+    dict(do_sample=True, top_k=None, top_p=0.8),
+    dict(do_sample=True, top_k=0, temperature=1.3, min_p=0.1),
+    dict(repetition_penalty=1.4, no_repeat_ngram_size=2),   # greedy scores
+])
+def test_step0_scores_match_hf_config_resolution(config):
+    model = tiny_model("gpt2", seed=1)
+    ids, mask = _prompts([5, 5], _seed())
+    res = generate(model, ids, attention_mask=mask, max_new_tokens=1,
+                   return_dict_in_generate=True, output_scores=True, **config)
+    hf = model.generate(ids, attention_mask=mask, max_new_tokens=1,
+                        return_dict_in_generate=True, output_scores=True, **config)
+    torch.testing.assert_close(res.scores[0], hf.scores[0], atol=1e-5, rtol=0)
+
+
+def test_model_generation_config_sampling_defaults_apply():
+    model = tiny_model("llama", seed=6)
+    model.generation_config = GenerationConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                               do_sample=True, top_k=7, temperature=0.5)
+    ids, mask = _prompts([4], _seed())
+    res = generate(model, ids, max_new_tokens=3, return_dict_in_generate=True, output_scores=True)
+    assert all(int(torch.isfinite(s).sum()) <= 7 for s in res.scores)
+    hf = model.generate(ids, max_new_tokens=1, return_dict_in_generate=True, output_scores=True)
+    torch.testing.assert_close(res.scores[0], hf.scores[0], atol=1e-5, rtol=0)
+
+
+def test_first_token_distribution_matches_hf():
+    model = tiny_model("llama", seed=8)
+    ids, mask = _prompts([6, 3], _seed())
+    kw = dict(do_sample=True, repetition_penalty=1.2, temperature=1.5, top_k=50, top_p=0.95)
+    hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, return_dict_in_generate=True,
+                        output_scores=True, **kw)
+    probs = torch.softmax(hf.scores[0], dim=-1)  # exact target distribution per prompt
+    n = 3000
+    torch.manual_seed(1234)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=1, num_return_sequences=n,
+                   **kw)
+    first = out[:, -1].view(2, n)
+    for b in range(2):
+        counts = torch.bincount(first[b], minlength=V).double()
+        assert bool((counts[probs[b] == 0] == 0).all()), "drew a filtered token"
+        support = probs[b] > 0
+        assert int(support.sum()) > 5
+        expected = probs[b][support].double() * n
+        # Pool rare cells so the chi-square approximation holds.
+        order = torch.argsort(expected, descending=True)
+        e, c = expected[order], counts[support][order]
+        big = e >= 5
+        e = torch.cat([e[big], e[~big].sum(0, keepdim=True)])
+        c = torch.cat([c[big], c[~big].sum(0, keepdim=True)])
+        if float(e[-1]) == 0:
+            e, c = e[:-1], c[:-1]
+        _, pval = stats.chisquare(c.numpy(), e.numpy() * (c.sum() / e.sum()).item())
+        assert pval > 1e-4, (b, pval)
+
+
+def test_num_return_sequences_expand_like_hf():
+    model = tiny_model("mistral", seed=3)
+    ids, mask = _prompts([5, 3], _seed())
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
+                   num_return_sequences=3, seed=7)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
+                         num_return_sequences=3)
+    assert out.shape == ref.shape == (6, ids.shape[1] + 6)
+    assert torch.equal(out[:, :ids.shape[1]], ids.repeat_interleave(3, dim=0))
+    assert len({tuple(r) for r in out[:3, ids.shape[1]:].tolist()}) > 1
+
+
+def test_seed_makes_rows_reproducible_and_batch_independent():
+    model = tiny_model("llama", seed=7)
+    ids, mask = _prompts([6, 4, 5], _seed())
+    kw = dict(max_new_tokens=10, do_sample=True, temperature=0.9, top_p=0.95)
+    a = generate(model, ids, attention_mask=mask, seed=11, **kw)
+    b = generate(model, ids, attention_mask=mask, seed=11, **kw)
+    assert torch.equal(a, b)
+    # Row 2 alone with the seed it had in the batch (11 + 2): same tokens.
+    c = generate(model, ids[2:, 1:], attention_mask=mask[2:, 1:], seed=torch.tensor([13]), **kw)
+    assert torch.equal(c[:, -10:], a[2:, -10:])
+
+
+def test_generator_reproducibility_with_manual_seed():
+    model = tiny_model("gpt2", seed=7)
+    ids, mask = _prompts([6, 4], _seed())
+    torch.manual_seed(99)
+    a = generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=True)
+    torch.manual_seed(99)
+    b = generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=True)
+    assert torch.equal(a, b)
+
+
+def test_presence_frequency_penalties_change_greedy_repeats():
+    model = tiny_model("llama", seed=12)
+    ids, mask = _prompts([3], _seed())
+    plain = generate(model, ids, max_new_tokens=30, do_sample=False)
+    pen = generate(model, ids, max_new_tokens=30, do_sample=False, presence_penalty=50.0)
+    new = pen[0, ids.shape[1]:].tolist()
+    assert len(set(new)) == len(new)  # a huge presence penalty forbids repeats
+    assert plain.shape == pen.shape
+
+
+class _Recorder(BaseStreamer):
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(value.clone())
+
+    def end(self):
+        self.calls.append("end")
+
+
+def test_streamer_protocol_matches_hf():
+    model = tiny_model("llama", seed=13)
+    ids, mask = _prompts([5, 3], _seed())
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    eos = [int(free[0, -5]), int(free[1, -6])]
+    rec_hf, rec = _Recorder(), _Recorder()
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    model.generate(ids, attention_mask=mask, streamer=rec_hf, **kw)
+    generate(model, ids, attention_mask=mask, streamer=rec, **kw)
+    assert len(rec.calls) == len(rec_hf.calls)
+    for x, y in zip(rec.calls, rec_hf.calls):
+        assert (x == y) if isinstance(x, str) else torch.equal(x, y)
+
+
+def test_stop_strings_and_user_stopping_criteria_match_hf():
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    tok = train_tokenizer(1000)
+    model = tiny_model("llama", seed=14, vocab_size=len(tok))
+    ids = tok(["hello world", "a tiny model"], return_tensors="pt", padding=True)
+    L = ids.input_ids.shape[1]
+    free = model.generate(**ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    stop = tok.decode(free[0, L + 4:L + 6])
+    kw = dict(max_new_tokens=12, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    ref = model.generate(**ids, **kw)
+    out = generate(model, ids.input_ids, attention_mask=ids.attention_mask, **kw)
+    assert torch.equal(out, ref)
+
+    class StopAfter(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= L + 3)
+
+    kw = dict(max_new_tokens=12, do_sample=False, stopping_criteria=StoppingCriteriaList([
+        StopAfter()]))
+    ref = model.generate(**ids, **kw)
+    out = generate(model, ids.input_ids, attention_mask=ids.attention_mask, **kw)
+    assert torch.equal(out, ref) and out.shape[1] == L + 3
+
+
+def test_patch_unpatch(monkeypatch):
+    model = tiny_model("gpt2", seed=15)
+    ids, mask = _prompts([4, 2], _seed())
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    calls = []
+    real = gpu_sampler.generation.sample
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(gpu_sampler.generation, "sample", spy)
+    patch(model)
+    patch(model)  # idempotent
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                      do_sample=False), ref)
+    assert len(calls) == 5
+    unpatch(model)
+    assert "generate" not in model.__dict__
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                      do_sample=False), ref)
+    assert len(calls) == 5
+
+
+def test_generate_uses_static_cache_without_reallocation(monkeypatch):
+    model = tiny_model("llama", seed=16)
+    seen = []
+    real_update = StaticKVCache.update
+
+    def update(self, k, v, layer_idx, *a, **kw):
+        K, _ = real_update(self, k, v, layer_idx, *a, **kw)
+        if layer_idx == 0:
+            seen.append((K.data_ptr(), K.shape))
+        return K, _
+
+    monkeypatch.setattr(StaticKVCache, "update", update)
+    ids, mask = _prompts([5, 2, 4], _seed())
+    res = generate(model, ids, attention_mask=mask, max_new_tokens=9, do_sample=False,
+                   return_dict_in_generate=True)
+    assert len(seen) == 9  # one prefill + 8 decode steps
+    assert len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
+    assert isinstance(res.past_key_values, StaticKVCache)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(num_beams=2), NotImplementedError, "num_beams"),
+    (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "penalty_alpha"),
+    (dict(dola_layers="high"), NotImplementedError, "dola_layers"),
+    (dict(guidance_scale=1.5), NotImplementedError, "guidance_scale"),
+    (dict(prefix_allowed_tokens_fn=lambda b, x: [1]), NotImplementedError,
+     "prefix_allowed_tokens_fn"),
+    (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
+    (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),
+    (dict(do_sample=True, typical_p=0.5), NotImplementedError, "typical_p"),
+    (dict(sequence_bias={(5,): 1.0}), NotImplementedError, "sequence_bias"),
+    (dict(output_attentions=True, return_dict_in_generate=True), NotImplementedError,
+     "output_attentions"),
+    (dict(not_an_argument=3), ValueError, "not_an_argument"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+    (dict(max_new_tokens=-2), ValueError, "max_new_tokens"),
+    (dict(max_length=4, max_new_tokens=None), ValueError, "max_length"),
+    (dict(num_return_sequences=2), ValueError, "num_return_sequences"),
+    (dict(do_sample=True, temperature=0.0), ValueError, "temperature"),
+    (dict(repetition_penalty=-1.0), ValueError, "penalty"),
+    (dict(presence_penalty=float("nan")), ValueError, "presence_penalty"),
+    (dict(seed="x", do_sample=True), ValueError, "seed"),
+])
+def test_bad_arguments_raise(kwargs, exc, match):
+    model = tiny_model("llama")
+    ids = torch.randint(3, V, (1, 6))
+    kw = dict(max_new_tokens=3)
+    kw.update(kwargs)
+    kw = {k: v for k, v in kw.items() if v is not None or k != "max_new_tokens"}
+    with pytest.raises(exc, match=match):
+        generate(model, ids, **kw)
+
+
+def test_empty_prompt_and_prompt_too_long():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, torch.zeros(2, 0, dtype=torch.long), max_new_tokens=3)
+    with pytest.raises(ValueError, match="max_length"):
+        generate(model, torch.randint(3, V, (1, 10)), max_length=8)
+
+
+def test_invalid_rows_raise():
+    model = tiny_model("llama")
+
+    class AllInf(lp.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return torch.full_like(scores, float("-inf"))
+
+    with pytest.raises(ValueError, match="no valid token"):
+        generate(model, torch.randint(3, V, (2, 4)), max_new_tokens=3, do_sample=True,
+                 logits_processor=lp.LogitsProcessorList([AllInf()]))
+
+
+def test_compile_traces_like_eager(monkeypatch):
+    """The compiled decode step is traced by dynamo and matches eager (cheap backend here;
+    the real inductor run is the slow test below)."""
+    model = tiny_model("llama", seed=17)
+    ids, mask = _prompts([5, 3], _seed())
+    ref = generate(model, ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    real_compile = torch.compile
+    used = []
+
+    def eager_compile(fn, **kw):
+        used.append(kw)
+        return real_compile(fn, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    torch._dynamo.reset()
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                   compile=True)
+    assert used and torch.equal(out, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GPU_SAMPLER_SLOW"), reason="slow: set GPU_SAMPLER_SLOW=1")
+def test_compile_inductor_same_tokens_as_eager():
+    model = tiny_model("llama", seed=18)
+    ids, mask = _prompts([5, 3], _seed())
+    ref = generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                   compile=True)
+    assert torch.equal(out, ref)
+    kw = dict(max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert torch.equal(generate(model, ids, attention_mask=mask, compile=True, **kw),
+                       generate(model, ids, attention_mask=mask, **kw))
