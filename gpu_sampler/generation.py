@@ -328,6 +328,13 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
             step = torch.compile(forward, fullgraph=False)
 
     logits = forward(input_ids, attention_mask, position_ids).to(torch.float32, copy=True)
+    if use_compile:
+        # The buffers are mutated in place by every step: a fixed address lets CUDA graphs
+        # replay instead of being skipped for mutated inputs.
+        for layer in cache.layers:
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
+        torch._dynamo.mark_static_address(full_mask)
 
     want_scores = bool(gc.return_dict_in_generate and gc.output_scores)
     want_logits = bool(gc.return_dict_in_generate and gc.output_logits)

@@ -12,14 +12,14 @@ Semantics (shared with kernels/sampling.py; see kernels/README.md):
 A row with NaN logits, no finite logit, or an invalid per-row parameter is *invalid*: token -1,
 logprob -inf, distribution all zeros. A row whose x reaches +inf keeps only its +inf tokens.
 
-No full-vocab sort: top-k uses torch.topk; top-p without top-k locates the cut-off bin of a
-per-row histogram of x and sorts only that bin.
+No full-vocab sort on the usual paths: everything after the penalties runs on the top-K
+candidates of torch.topk, with K grown only when a row keeps more than K tokens.
 """
 import torch
 
 from . import rng
 
-_NB = 1024  # histogram bins for top-p without top-k
+_K0 = 256  # first candidate count when no top-k bounds the kept set
 
 
 def _rows(v, B, dtype, device):
@@ -28,37 +28,61 @@ def _rows(v, B, dtype, device):
     return torch.full((B,), v, dtype=dtype, device=device)
 
 
-def _any(v, pred):
+def _col(v):
+    """A parameter as something that broadcasts against [B, K]: a Python number or [B, 1]."""
+    return v[:, None] if isinstance(v, torch.Tensor) else v
+
+
+def _is_tensor_or(v, pred):
     if isinstance(v, torch.Tensor):
-        return bool(pred(v).any())
-    return bool(pred(torch.tensor(v)))
+        return True
+    return pred(v)
+
+
+def _bad_rows(B, dev, **params):
+    """Per-row parameter violations (scalars were validated by the public layer)."""
+    bad = torch.zeros(B, dtype=torch.bool, device=dev)
+    rules = dict(temperature=lambda v: (v < 0) | v.isnan(), top_k=lambda v: v < 0,
+                 top_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
+                 min_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
+                 repetition_penalty=lambda v: (v <= 0) | v.isnan(),
+                 presence_penalty=lambda v: v.isnan(), frequency_penalty=lambda v: v.isnan())
+    for name, v in params.items():
+        if isinstance(v, torch.Tensor):
+            bad |= rules[name](v)
+    return bad
 
 
 def _apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
     """In-place penalties on the fp32 copy x [B, V], touching only the [B, L] history ids."""
     B, V = x.shape
     L = ids.shape[1]
-    valid = (ids >= 0) & (ids < V)
-    any_valid = valid.any(1)
-    # Padding slots borrow a valid id of their row, so every scatter target of a row receives the
-    # same value (scatter with duplicate indices is only deterministic when the values agree).
-    fill = torch.where(valid, ids, V).amin(1)
-    fill = torch.where(any_valid, fill, 0)
-    idx = torch.where(valid, ids, fill[:, None])
+    if bool(ids.min() >= 0):
+        idx, valid, any_valid = ids, None, None
+    else:
+        valid = ids >= 0
+        any_valid = valid.any(1)
+        # Padding slots borrow a valid id of their row, so every scatter target of a row gets
+        # the same value (scatter with duplicate indices is only deterministic when they agree).
+        fill = torch.where(any_valid, torch.where(valid, ids, V).amin(1), 0)
+        idx = torch.where(valid, ids, fill[:, None])
     vals = x.gather(1, idx)
     new = vals
     if has_rep:
-        r = rp[:, None]
+        r = _col(rp)
         new = torch.where(vals < 0, vals * r, vals / r)
     if has_pf:
-        out = valid & (torch.arange(L, device=x.device)[None, :] >= plen[:, None])
+        out = (torch.arange(L, device=x.device)[None, :] >= _col(plen)).expand(B, L)
+        if valid is not None:
+            out = out & valid
         key = torch.arange(B, device=x.device)[:, None] * V + idx
         _, inv = torch.unique(key, return_inverse=True)
         cnt = torch.zeros(int(inv.max()) + 1, device=x.device).index_add_(
             0, inv.flatten(), out.flatten().to(torch.float32))
         c = cnt[inv]
-        new = new - (torch.where(c > 0, pres[:, None], 0.0) + freq[:, None] * c)
-    new = torch.where(any_valid[:, None], new, vals)
+        new = new - (torch.where(c > 0, _col(pres), 0.0) + _col(freq) * c)
+    if any_valid is not None:
+        new = torch.where(any_valid[:, None], new, vals)
     x.scatter_(1, idx, new)
 
 
@@ -66,6 +90,8 @@ def _tie_aware_mass_above(vals, e):
     """For rows sorted descending: mass of strictly larger values before each entry."""
     K = vals.shape[1]
     excl = e.cumsum(1) - e
+    if K == 1:
+        return excl
     pos = torch.arange(K, device=vals.device).expand_as(vals)
     is_start = torch.ones_like(vals, dtype=torch.bool)
     is_start[:, 1:] = vals[:, 1:] != vals[:, :-1]
@@ -73,116 +99,125 @@ def _tie_aware_mass_above(vals, e):
     return excl.gather(1, start)
 
 
-def _top_p_sorted(vals, e, above0, target, M):
-    """tau_p from a sorted-descending candidate list (values, masses) plus the mass above it."""
-    above = above0[:, None] + _tie_aware_mass_above(vals, e)
-    keep = (above < target[:, None]) & (vals > float("-inf"))
-    tau = torch.where(keep, vals, float("inf")).amin(1)
-    # top_p == 0 keeps nothing by the rule; the max (and its ties) is always kept.
-    return torch.where(torch.isinf(tau) & (tau > 0), M, tau)
-
-
-def _top_p_histogram(x, e, M, target):
-    """tau_p over whole rows without sorting them: bin x, find the bin where the mass from the
-    top crosses the target, then resolve that bin exactly with a small topk."""
-    B, V = x.shape
-    pos = e > 0
-    lo = torch.where(pos, x, float("inf")).amin(1)
-    span = (M - lo).clamp_min(1e-30)
-    b = ((M[:, None] - x) * (_NB / span)[:, None]).clamp_(0, _NB - 1).to(torch.int64)
-    mass = torch.zeros(B, _NB, device=x.device).scatter_add_(1, b, e)
-    cnt = torch.zeros(B, _NB, device=x.device).scatter_add_(1, b, pos.to(torch.float32))
-    cum = mass.cumsum(1)
-    bstar = (cum < target[:, None]).sum(1).clamp_(max=_NB - 1)
-    above = (cum.gather(1, bstar[:, None]) - mass.gather(1, bstar[:, None])).squeeze(1)
-    K = max(1, int(cnt.gather(1, bstar[:, None]).max()))
-    sel = torch.where((b == bstar[:, None]) & pos, x, float("-inf"))
-    vals = torch.topk(sel, min(K, V), dim=1).values
-    ev = torch.where(vals > float("-inf"), torch.exp(vals - M[:, None]), 0.0)
-    return _top_p_sorted(vals, ev, above, target, M)
+class _State:
+    """Per-row outcome of the filters, on the top-K candidates (sorted by value)."""
+    __slots__ = ("x", "vals", "idx", "keep", "e", "M", "greedy", "greedy_tok", "valid",
+                 "sampling")
 
 
 def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
             frequency_penalty, input_ids, prompt_lens):
-    """Shared front half: penalised/tempered x, per-row thresholds, and candidates if small."""
+    """Penalties, temperature, then the kept set as a mask over the top-K candidates.
+
+    K starts at max(top_k) + 1 (or 256) and grows x4 until, on every sampling row, the K-th
+    candidate is dropped by the rules: kept sets are upper sets ({x >= tau}), so nothing
+    beyond the candidates can be kept. Typical top-k / top-p rows never need more than one
+    topk; a row that keeps most of the vocabulary ends with K = V (a full sort).
+    """
     B, V = logits.shape
     dev = logits.device
     f32 = torch.float32
+    st = _State()
     x = logits.to(f32, copy=True)
-    T = _rows(temperature, B, f32, dev)
-    rp = _rows(repetition_penalty, B, f32, dev)
-    pres = _rows(presence_penalty, B, f32, dev)
-    freq = _rows(frequency_penalty, B, f32, dev)
-    k = _rows(top_k, B, torch.int64, dev)
-    p = _rows(top_p, B, f32, dev)
-    mp = _rows(min_p, B, f32, dev)
-    bad = (T < 0) | T.isnan() | (rp <= 0) | rp.isnan() | pres.isnan() | freq.isnan() | (k < 0)
-    bad |= (p < 0) | (p > 1) | p.isnan() | (mp < 0) | (mp > 1) | mp.isnan()
+    bad = _bad_rows(B, dev, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty)
 
     if input_ids is not None and input_ids.shape[1] > 0:
-        has_rep = _any(repetition_penalty, lambda v: v != 1.0)
-        has_pf = _any(presence_penalty, lambda v: v != 0.0) or _any(frequency_penalty,
-                                                                       lambda v: v != 0.0)
+        has_rep = _is_tensor_or(repetition_penalty, lambda v: v != 1.0)
+        has_pf = (_is_tensor_or(presence_penalty, lambda v: v != 0.0)
+                  or _is_tensor_or(frequency_penalty, lambda v: v != 0.0))
         if has_rep or has_pf:
-            plen = _rows(prompt_lens if prompt_lens is not None else 0, B, torch.int64, dev)
-            _apply_penalties(x, input_ids.to(torch.int64), plen, rp, pres, freq, has_rep, has_pf)
+            plen = prompt_lens if prompt_lens is not None else 0
+            _apply_penalties(x, input_ids.to(torch.int64), plen, repetition_penalty,
+                             presence_penalty, frequency_penalty, has_rep, has_pf)
 
-    greedy = T == 0
-    greedy_tok = None
-    if bool(greedy.any()):
-        greedy_tok = x.argmax(1)
-    tdiv = torch.where(greedy | bad, 1.0, T)
-    if bool((tdiv != 1).any()):
-        x.div_(tdiv[:, None])
-    M = x.amax(1)
-    nan_row = M.isnan()
-    posinf = M == float("inf")
-    if bool(posinf.any()):
-        r = posinf.nonzero().squeeze(1)
-        x[r] = torch.where(x[r] == float("inf"), 0.0, float("-inf"))
-        M = torch.where(posinf, 0.0, M)
-    if bool(nan_row.any()):
-        # amax only propagates NaN when one is there; a NaN row is invalid as a whole.
-        M = torch.where(nan_row, float("-inf"), M)
-    valid = ~nan_row & (M > float("-inf")) & ~bad
-    sampling = valid & ~greedy
+    T = temperature
+    if isinstance(T, torch.Tensor):
+        greedy = T == 0
+        any_greedy, all_greedy = bool(greedy.any()), bool(greedy.all())
+    else:
+        greedy = torch.full((B,), T == 0, device=dev)
+        any_greedy = all_greedy = T == 0
+    st.greedy_tok = None
+    valid = ~bad
+    if any_greedy:
+        st.greedy_tok = x.argmax(1)
+        top = x.gather(1, st.greedy_tok[:, None]).squeeze(1)  # NaN wins argmax, like torch
+        gvalid = ~top.isnan() & (top > float("-inf"))
+        valid = torch.where(greedy, valid & gvalid, valid)
+    st.x, st.greedy, st.valid = x, greedy, valid
+    if all_greedy:
+        st.sampling = torch.zeros(B, dtype=torch.bool, device=dev)
+        return st
+    # Positive scaling keeps each row's order, so topk runs on xp and only the candidates are
+    # divided; a tie the division creates at the k-th value keeps the last candidate, and K grows.
+    if isinstance(T, torch.Tensor):
+        tdiv = torch.where(greedy | bad, 1.0, T)[:, None]
+    else:
+        tdiv = torch.full((B, 1), float(T), device=dev)
 
-    neg_inf = torch.full((B,), float("-inf"), device=dev)
-    tau = neg_inf.clone()
-    cand = None
-    kact = sampling & (k > 0) & (k < V)
-    if bool(kact.any()):
-        K = int(k[kact].max())
-        vals, idx = torch.topk(x, min(K + 1, V), dim=1)
-        tau_k = vals.gather(1, (torch.where(kact, k, 1) - 1)[:, None]).squeeze(1)
-        tau_k = torch.where(kact, tau_k, float("-inf"))
-        spill = kact & (vals[:, -1] >= tau_k) & (tau_k > float("-inf")) & (vals.shape[1] < V)
-        if bool(spill.any()):
-            # Ties with the k-th value run past the candidates: take all of them.
-            n = (x[spill] >= tau_k[spill, None]).sum(1)
-            vals, idx = torch.topk(x, int(n.max()), dim=1)
-        tau = tau_k
-        if bool((kact | ~sampling).all()):
-            cand = (vals, idx)
-
-    pact = sampling & (p < 1)
-    if bool(pact.any()):
-        if cand is not None:
-            vals, idx = cand
-            e = torch.where(vals >= tau[:, None], torch.exp(vals - M[:, None]), 0.0)
-            tau_p = _top_p_sorted(vals, e, torch.zeros(B, device=dev), p * e.sum(1), M)
+    k = _rows(top_k, B, torch.int64, dev) if isinstance(top_k, torch.Tensor) else top_k
+    kact = torch.as_tensor((k > 0) & (k < V), device=dev)
+    k_any = bool(kact.any())
+    K = min(V, (int(k.max()) if isinstance(k, torch.Tensor) else k) + 1) if k_any else min(V, _K0)
+    p_on = torch.as_tensor(_col(top_p) < 1.0, device=dev)
+    mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+    z_full = None
+    while True:
+        vals, idx = torch.topk(x, K, dim=1)
+        vals = vals / tdiv
+        M = vals[:, 0]
+        posinf = M == float("inf")
+        if bool(posinf.any()):
+            # The limit of a softmax whose logits overflow: uniform over the +inf tokens.
+            r = posinf.nonzero().squeeze(1)
+            x[r] = torch.where(x[r] / tdiv[r] == float("inf"), 0.0, float("-inf"))
+            tdiv[r] = 1.0
+            continue
+        sampling = valid & ~greedy & ~M.isnan() & (M > float("-inf"))
+        Mc = torch.where(sampling, M, 0.0)[:, None]
+        e = torch.exp(vals - Mc)
+        if k_any:
+            kk = (torch.where(kact, k, 1) - 1) if isinstance(k, torch.Tensor) else \
+                torch.full((B,), k - 1, device=dev)
+            tau_k = torch.where(kact, vals.gather(1, kk[:, None]).squeeze(1), float("-inf"))[:, None]
+            keep = vals >= tau_k
         else:
-            e = torch.where(x >= tau[:, None], torch.exp(x - M[:, None]), 0.0)
-            tau_p = _top_p_histogram(x, e, M, p * e.sum(1))
-        tau = torch.maximum(tau, torch.where(pact, tau_p, float("-inf")))
-    mp = torch.where(sampling, mp, 0.0)
-    return x, M, tau, mp, cand, greedy, greedy_tok, valid, sampling
-
-
-def _keep(vals, M, tau, mp):
-    e = torch.exp(vals - M[:, None])
-    keep = (vals >= tau[:, None]) & (e >= mp[:, None]) & (vals > float("-inf"))
-    return keep, torch.where(keep, e, 0.0)
+            tau_k = None
+            keep = vals > float("-inf")
+        keep = keep & (vals > float("-inf"))
+        e = torch.where(keep, e, 0.0)
+        if k_any:
+            z = e.sum(1)
+            if not bool(kact.all()):
+                if z_full is None:
+                    z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
+                z = torch.where(kact, z, z_full)
+        else:
+            if z_full is None:
+                z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
+            z = z_full
+        if bool(p_on.any()):
+            above = _tie_aware_mass_above(vals, e)
+            kp = keep & (above < _col(top_p) * z[:, None])
+            # top_p == 0 keeps nothing by the rule: the max and its ties stay.
+            kp = kp | (keep & ~kp.any(1, keepdim=True) & (vals == vals[:, :1]))
+            keep = torch.where(p_on, kp, keep)
+        if mp_on:
+            keep = keep & (e >= _col(min_p))
+        last_dropped = ~keep[:, -1]
+        if tau_k is not None:
+            last_dropped &= ~(vals[:, -1:] >= tau_k).squeeze(1) | ~kact
+        if K == V or bool((last_dropped | ~sampling).all()):
+            break
+        K = min(V, K * 4)
+    st.vals, st.idx, st.M = vals, idx, M
+    st.keep = keep & sampling[:, None]
+    st.e = torch.where(st.keep, e, 0.0)
+    st.sampling = sampling
+    st.valid = valid & (greedy | sampling)
+    return st
 
 
 def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -191,33 +226,24 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     """Torch twin of ``kernels.fused_sample``: (tokens int64 [B], logprobs float32 [B])."""
     B, V = logits.shape
     dev = logits.device
-    x, M, tau, mp, cand, greedy, greedy_tok, valid, sampling = _filter(
-        logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-        frequency_penalty, input_ids, prompt_lens)
+    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, input_ids, prompt_lens)
     tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
     logp = torch.full((B,), float("-inf"), device=dev)
-    if bool(sampling.any()):
-        if cand is not None:
-            vals, ids = cand
-        else:
-            vals, ids = x, torch.arange(V, device=dev).expand(B, V)
-        keep, e = _keep(vals, M, tau, mp)
-        z = e.sum(1)
-        k_lo, k_hi = rng.row_keys(_rows(seed, B, torch.int64, dev), _rows(offset, B, torch.int64, dev))
-        score = torch.where(keep, (vals - M[:, None]) + rng.gumbel(k_lo, k_hi, ids), float("-inf"))
-        if cand is None:
-            j = score.argmax(1)  # first max = lowest token id on an exact tie, like the kernel
-        else:
-            # candidates are in value order: break exact score ties by token id as the kernel does
-            best = score.amax(1, keepdim=True)
-            j = torch.where(score == best, ids, V).argmin(1)
-        t = ids.gather(1, j[:, None]).squeeze(1)
-        lp = (vals.gather(1, j[:, None]).squeeze(1) - M) - torch.log(z)
-        tok = torch.where(sampling, t, tok)
-        logp = torch.where(sampling, lp, logp)
-    if greedy_tok is not None:
-        g = greedy & valid
-        tok = torch.where(g, greedy_tok, tok)
+    if bool(st.sampling.any()):
+        g = rng.gumbel_rows(_rows(seed, B, torch.int64, dev), _rows(offset, B, torch.int64, dev),
+                            st.idx)
+        score = torch.where(st.keep, (st.vals - st.M[:, None]) + g, float("-inf"))
+        # Candidates are in value order; on an exact score tie the kernel takes the lowest id.
+        best = score.amax(1, keepdim=True)
+        j = torch.where(score == best, st.idx, V).argmin(1, keepdim=True)
+        t = st.idx.gather(1, j).squeeze(1)
+        lp = (st.vals.gather(1, j).squeeze(1) - st.M) - torch.log(st.e.sum(1))
+        tok = torch.where(st.sampling, t, tok)
+        logp = torch.where(st.sampling, lp, logp)
+    if st.greedy_tok is not None:
+        g = st.greedy & st.valid
+        tok = torch.where(g, st.greedy_tok, tok)
         logp = torch.where(g, 0.0, logp)
     return tok, logp
 
@@ -227,16 +253,15 @@ def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1
                                     frequency_penalty=0.0, input_ids=None, prompt_lens=None):
     """Torch twin of the distribution ``fused_sample(write_probs=True)`` writes: float32 [B, V]."""
     B, V = logits.shape
-    x, M, tau, mp, cand, greedy, greedy_tok, valid, sampling = _filter(
-        logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-        frequency_penalty, input_ids, prompt_lens)
-    _, e = _keep(x, M, tau, mp)
-    e = torch.where(sampling[:, None], e, 0.0)
-    probs = e / e.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    if greedy_tok is not None:
-        g = greedy & valid
-        onehot = torch.zeros_like(probs).scatter_(1, greedy_tok[:, None], 1.0)
-        probs = torch.where(g[:, None], onehot, probs)
+    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, input_ids, prompt_lens)
+    probs = torch.zeros(B, V, device=logits.device)
+    if bool(st.sampling.any()):
+        z = st.e.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        probs.scatter_(1, st.idx, st.e / z)
+    if st.greedy_tok is not None:
+        g = (st.greedy & st.valid).to(torch.float32)[:, None]
+        probs.scatter_(1, st.greedy_tok[:, None], g, reduce="add")
     return probs
 
 
@@ -246,9 +271,11 @@ def processed_logits_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, m
     """float32 [B, V] processed scores, as transformers' ``output_scores`` reports them:
     xp / T on the kept tokens and -inf elsewhere; greedy rows (T == 0) get the penalised xp
     with nothing filtered (HF applies no warpers when it does not sample)."""
-    x, M, tau, mp, cand, greedy, greedy_tok, valid, sampling = _filter(
-        logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-        frequency_penalty, input_ids, prompt_lens)
-    keep, _ = _keep(x, M, tau, mp)
-    out = torch.where(keep, x, float("-inf"))
-    return torch.where((greedy | ~valid)[:, None], x, out)
+    B, V = logits.shape
+    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, input_ids, prompt_lens)
+    if not bool(st.sampling.any()):
+        return st.x
+    out = torch.full((B, V), float("-inf"), device=logits.device)
+    out.scatter_(1, st.idx, torch.where(st.keep, st.vals, float("-inf")))
+    return torch.where(st.sampling[:, None], out, st.x)

@@ -8,6 +8,7 @@ so the same (seed, offset) gives the same token on CPU and GPU, whatever else is
 Written here with int64 tensors (wrapping multiply, logical shifts by masking); the kernel
 version is in kernels/sampling.py (_splitmix64, _fmix32, _uniform).
 """
+import numpy as np
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -53,4 +54,44 @@ def uniform(key_lo, key_hi, ids):
 
 def gumbel(key_lo, key_hi, ids):
     u = uniform(key_lo, key_hi, ids)
+    return -torch.log(-torch.log(u))
+
+
+def _np_fmix32(h):
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def _np_splitmix64(z):
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def gumbel_rows(seed, offset, ids):
+    """Gumbel noise [B, K] for token ids [B, K] of rows with int64 seed / offset [B].
+
+    The same bits as kernels/sampling.py's _uniform. CPU tensors take a numpy path with native
+    unsigned arithmetic (an order of magnitude fewer dispatches than int64 torch ops on the
+    small candidate sets of the twin); other devices use the torch ops above.
+    """
+    if ids.device.type != "cpu":
+        k_lo, k_hi = row_keys(seed, offset)
+        return gumbel(k_lo, k_hi, ids)
+    with np.errstate(over="ignore"):
+        s = seed.numpy().astype(np.uint64)
+        o = offset.numpy().astype(np.uint64)
+        key = _np_splitmix64(s ^ _np_splitmix64(o))
+        k0 = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]
+        k1 = (key >> np.uint64(32)).astype(np.uint32)[:, None]
+        h = ids.numpy().astype(np.uint32) * np.uint32(0x9E3779B1)
+        h = _np_fmix32(h ^ k0)
+        h = _np_fmix32(h ^ k1)
+    u = torch.from_numpy(((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5))
+                         * np.float32(1.0 / 16777216.0))
     return -torch.log(-torch.log(u))

@@ -29,8 +29,9 @@ def _fmt(v):
     return repr(v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
 
 
-def _param(name, value, B, device, kind, check, bad_if):
-    """Normalise one parameter; ``bad_if`` maps a tensor of values to a bool mask of bad ones."""
+def _param(name, value, B, device, kind, check, bad_if, scalar_bad):
+    """Normalise one parameter; ``bad_if`` maps a tensor of values to a bool mask of bad ones,
+    ``scalar_bad`` tests a Python number (no tensor round trip on the per-token path)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 1 or value.shape[0] != B:
             raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
@@ -59,24 +60,28 @@ def _param(name, value, B, device, kind, check, bad_if):
         value = int(value)
     else:
         value = float(value)
-    if bool(bad_if(torch.tensor([value], dtype=torch.float64)).any()):
+    if scalar_bad(value):
         raise ValueError(f"{name} has an invalid value {value!r}")
     return value
 
 
-def _nan(v):
-    return v.isnan()
+def _finite(v):
+    return math.isfinite(v)
 
 
 _RULES = {
-    # name: (kind, predicate of bad values)
-    "temperature": ("float", lambda v: (v < 0) | v.isnan() | v.isinf()),
-    "top_k": ("int", lambda v: v < 0),
-    "top_p": ("float", lambda v: (v < 0) | (v > 1) | v.isnan()),
-    "min_p": ("float", lambda v: (v < 0) | (v > 1) | v.isnan()),
-    "repetition_penalty": ("float", lambda v: (v <= 0) | v.isnan() | v.isinf()),
-    "presence_penalty": ("float", lambda v: v.isnan() | v.isinf()),
-    "frequency_penalty": ("float", lambda v: v.isnan() | v.isinf()),
+    # name: (kind, bad values as a tensor predicate, the same for a Python number)
+    "temperature": ("float", lambda v: (v < 0) | ~v.isfinite(), lambda v: not (_finite(v) and v >= 0)),
+    "top_k": ("int", lambda v: v < 0, lambda v: v < 0),
+    "top_p": ("float", lambda v: ~((v >= 0) & (v <= 1)), lambda v: not 0 <= v <= 1),
+    "min_p": ("float", lambda v: ~((v >= 0) & (v <= 1)), lambda v: not 0 <= v <= 1),
+    "repetition_penalty": ("float", lambda v: (v <= 0) | ~v.isfinite(),
+                           lambda v: not (_finite(v) and v > 0)),
+    "presence_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not _finite(v)),
+    "frequency_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not _finite(v)),
+    "prompt_lens": ("int", lambda v: v < 0, lambda v: v < 0),
+    "seed": ("int", lambda v: v != v, lambda v: False),
+    "offset": ("int", lambda v: v != v, lambda v: False),
 }
 
 
@@ -96,8 +101,7 @@ def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, 
     dev = logits.device
     out = {}
     for name, value in params.items():
-        kind, bad_if = _RULES[name]
-        out[name] = _param(name, value, B, dev, kind, check, bad_if)
+        out[name] = _param(name, value, B, dev, *_RULES[name][:1], check, *_RULES[name][1:])
 
     if input_ids is not None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -115,15 +119,15 @@ def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, 
                 raise ValueError(f"input_ids contains id {mx}, which is >= the vocabulary size V={V}")
     if prompt_lens is not None:
         prompt_lens = _param("prompt_lens", prompt_lens, B, dev, "int", check,
-                             lambda v: (v < 0) | v.isnan())
+                             *_RULES["prompt_lens"][1:])
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     if offset is not None and seed is None:
         raise ValueError(f"offset={_fmt(offset)} needs seed: offsets index a seeded stream")
     if seed is not None:
-        seed = _param("seed", seed, B, dev, "int", False, lambda v: v.isnan())
+        seed = _param("seed", seed, B, dev, "int", False, *_RULES["seed"][1:])
         offset = _param("offset", 0 if offset is None else offset, B, dev, "int", False,
-                        lambda v: v.isnan())
+                        *_RULES["offset"][1:])
     return out, input_ids, prompt_lens, seed, offset
 
 

@@ -1,0 +1,214 @@
+"""The ``gpu-sampler`` command: ``demo``, ``generate`` and ``bench``.
+
+    gpu-sampler demo [--model DIR] [--device cpu|cuda] [--out DIR]
+    gpu-sampler generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+                         [--top-k K] [--top-p P] [--min-p M] [--repetition-penalty R]
+                         [--seed S] [--greedy] [--device D] [--trust-remote-code]
+    gpu-sampler bench [--device cpu|cuda] [--quick] [--out DIR]
+
+User errors (missing or invalid model folder, CUDA asked for but absent, bad parameter values)
+print one line ``gpu-sampler: error: ...`` to stderr and exit with status 2.
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+EXIT_USAGE = 2
+REPO = Path(__file__).resolve().parents[1]
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _fail(msg):
+    print(f"gpu-sampler: error: {' '.join(str(msg).split())}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _positive_int(name):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {v}")
+        return v
+    return parse
+
+
+def _parser():
+    ap = argparse.ArgumentParser(prog="gpu-sampler",
+                                 description="Fused LLM token sampling: demo, generate, bench.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,generate,bench}")
+
+    d = sub.add_parser("demo", help="greedy/sampling generate comparison, sampler table, plot")
+    d.add_argument("--model", metavar="DIR", help="model folder (default: embedded tiny Llama)")
+    d.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    d.add_argument("--out", metavar="DIR", default="gpu-sampler-demo",
+                   help="folder for the plot (default: ./gpu-sampler-demo)")
+
+    g = sub.add_parser("generate", help="stream text from a model with gpu_sampler.generate")
+    g.add_argument("--model", metavar="DIR", required=True, help="model folder")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64)
+    g.add_argument("--temperature", type=float, default=0.7,
+                   help="0 means greedy (default: 0.7)")
+    g.add_argument("--top-k", type=int, default=50, help="0 = off (default: 50)")
+    g.add_argument("--top-p", type=float, default=0.9, help="1.0 = off (default: 0.9)")
+    g.add_argument("--min-p", type=float, default=0.0, help="0 = off (default: 0)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None,
+                   help="per-row seeded draws (reproducible on any device)")
+    g.add_argument("--greedy", action="store_true", help="argmax decoding")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the model folder's own Python code to run")
+
+    b = sub.add_parser("bench", help="run the pytest-benchmark suites in bench/ and report")
+    b.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    b.add_argument("--quick", action="store_true", help="small sizes (GPU_SAMPLER_BENCH_QUICK=1)")
+    b.add_argument("--out", metavar="DIR", default=None,
+                   help="results folder (default: bench/results in the source tree)")
+    return ap
+
+
+def _cmd_demo(args):
+    from . import demo
+    demo.run_demo(args.model, device=args.device, out_dir=args.out)
+
+
+def _sampling_kwargs(args):
+    """generate() keyword arguments; sampling parameters are only passed when sampling."""
+    kw = dict(max_new_tokens=args.max_new_tokens)
+    if args.greedy or args.temperature == 0:
+        kw["do_sample"] = False
+        return kw
+    kw.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+              repetition_penalty=args.repetition_penalty)
+    if args.min_p:
+        kw["min_p"] = args.min_p
+    if args.seed is not None:
+        kw["seed"] = args.seed
+    return kw
+
+
+def _check_sampling(kw):
+    """Validate the numbers up front with the library's own rules (its ValueError names the
+    parameter), before a model is loaded."""
+    import torch
+
+    from .sampler import sample
+    if not kw.get("do_sample"):
+        return
+    names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    sample(torch.zeros(1, 2), **{n: kw[n] for n in names if n in kw})
+
+
+def _cmd_generate(args):
+    import torch
+    from transformers import TextStreamer
+
+    from . import demo
+    from .generation import generate
+
+    kw = _sampling_kwargs(args)
+    _check_sampling(kw)
+    demo.check_device(args.device)
+    demo._quiet_transformers()
+    model, tok = demo.load_model(args.model, args.device,
+                                 trust_remote_code=args.trust_remote_code)
+    enc = tok(args.prompt, return_tensors="pt").to(model.device)
+    streamer = TextStreamer(tok, skip_special_tokens=True)
+    with torch.no_grad():
+        generate(model, **enc, streamer=streamer, **kw)
+
+
+def _bench_paths(out, device):
+    bench_dir = REPO / "bench"
+    suites = [bench_dir / "test_sampler_bench.py", bench_dir / "test_generate_bench.py"]
+    missing = [str(s) for s in suites if not s.is_file()]
+    if missing:
+        raise CLIError(f"benchmark suite not found: {', '.join(missing)} (bench needs a source "
+                       "checkout of gpu-sampler)")
+    out_dir = Path(out) if out else bench_dir / "results"
+    json_path = out_dir / f"{device}-{datetime.date.today().isoformat()}.json"
+    return suites, json_path
+
+
+def bench_command(device, quick, json_path, suites):
+    """The pytest command line and environment for one benchmark run (no side effects).
+
+    Returns:
+        (argv list, env dict)
+    """
+    argv = [sys.executable, "-m", "pytest", *map(str, suites), "-q", "-p", "no:cacheprovider",
+            "--benchmark-only", f"--benchmark-json={json_path}", "--benchmark-columns=median,iqr"]
+    env = dict(os.environ)
+    env["GPU_SAMPLER_BENCH_DEVICE"] = device
+    if device == "cpu":
+        # Both suites pick CUDA when they see it; hiding it makes "--device cpu" mean CPU.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if quick:
+        env["GPU_SAMPLER_BENCH_QUICK"] = "1"
+    else:
+        env.pop("GPU_SAMPLER_BENCH_QUICK", None)
+    # The suites import `tests.models`: the repository root must be importable.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return argv, env
+
+
+def _cmd_bench(args):
+    from .demo import check_device
+
+    device = check_device(args.device).type
+    try:
+        import pytest_benchmark  # noqa: F401
+    except ImportError:
+        raise CLIError("bench needs pytest-benchmark (pip install pytest-benchmark); on a GPU "
+                       "box without it, run `bash bench/gpu_check.sh`") from None
+    suites, json_path = _bench_paths(args.out, device)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    argv, env = bench_command(device, args.quick, json_path, suites)
+    print(f"running: {' '.join(argv[1:])}", flush=True)
+    rc = subprocess.call(argv, cwd=REPO, env=env)
+    if not json_path.is_file():
+        raise CLIError(f"the benchmark run failed (pytest exit status {rc}) and wrote no JSON")
+    sys.path.insert(0, str(REPO / "bench"))
+    import report
+    md, png = report.write_report(json_path)
+    print()
+    print(md.read_text())
+    print(f"results: {json_path}\ntable:   {md}\nplot:    {png}")
+    if rc != 0:
+        raise CLIError(f"some benchmarks failed (pytest exit status {rc}); "
+                       f"the report covers those that ran")
+
+
+def main(argv=None):
+    """Entry point of the ``gpu-sampler`` console script.
+
+    Example:
+        >>> main(["generate", "--model", "/nonexistent", "--prompt", "hi"])  # doctest: +SKIP
+        gpu-sampler: error: model folder not found: /nonexistent
+    """
+    args = _parser().parse_args(argv)
+    commands = {"demo": _cmd_demo, "generate": _cmd_generate, "bench": _cmd_bench}
+    try:
+        commands[args.command](args)
+    except (CLIError, ValueError) as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        raise SystemExit(130) from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

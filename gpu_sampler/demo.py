@@ -1,0 +1,325 @@
+"""The ``gpu-sampler demo`` steps as separate, testable functions.
+
+    load_model(path, device)            from_pretrained of a model folder, with one-line errors
+    compare_generate(model, tok, ...)   model.generate vs gpu_sampler.generate (greedy, sampling)
+    sampler_table(sizes, device)        HF processor chain vs gpu_sampler.sample, median ms
+    plot_latency(rows, path)            PNG of latency vs batch x vocab
+    run_demo(model_dir, device, out_dir)  all of the above, printed
+
+Example:
+    >>> from gpu_sampler import demo
+    >>> rows = demo.sampler_table([(2, 1000)], repeats=1)
+    >>> print(demo.format_table(rows))  # doctest: +SKIP
+"""
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from .generation import generate  # noqa: E402
+from .sampler import sample  # noqa: E402
+
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time there was",
+    "A language model predicts",
+    "The weather today is",
+]
+# The HF comparison chain: rp 1.2, T 0.7, top-k 50, top-p 0.9, input_ids of 128 tokens.
+SAMPLING = dict(repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
+HISTORY = 128
+SIZES = [(1, 32000), (8, 32000), (1, 128256), (8, 128256), (64, 128256)]
+
+
+class ModelLoadError(ValueError):
+    """A model folder that is missing or not a transformers causal LM (message is one line)."""
+
+
+def check_device(device):
+    """Return a torch.device for "cpu" / "cuda[:i]"; ValueError when CUDA is asked for but absent."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here "
+                         f"(torch {torch.__version__}, cuda build: {torch.version.cuda})")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return dev
+
+
+def load_model(path, device="cpu", trust_remote_code=False):
+    """Load ``(model, tokenizer)`` from a local folder with the Auto classes, in eval mode.
+
+    Args:
+        path: folder holding config.json, weights and a tokenizer (str or Path).
+        device: "cpu" or "cuda".
+        trust_remote_code: passed to from_pretrained; only True when the user asked for it.
+
+    Returns:
+        (PreTrainedModel on ``device``, tokenizer with left padding and a pad token).
+
+    Raises:
+        ModelLoadError: missing folder, or a folder transformers cannot load as a causal LM.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = check_device(device)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model folder not found: {p}")
+    if not p.is_dir():
+        raise ModelLoadError(f"model path is not a folder: {p}")
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"not a transformers model folder (no config.json): {p}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(p, trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError/... by case
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if len(msg) > 300:
+            msg = msg[:297] + "..."
+        raise ModelLoadError(f"could not load a causal LM from {p}: {msg}") from None
+    tok.padding_side = "left"  # decoder-only batching pads on the left
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model.to(dev).eval(), tok
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_call(fn, repeats=3, device="cpu", warmup=1):
+    """Median wall seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls.
+
+    Returns:
+        (median seconds: float, result of the last call)
+    """
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, seed=0,
+                     progress=False):
+    """Run ``model.generate`` and ``gpu_sampler.generate`` on one left-padded batch.
+
+    Greedy: both with the same arguments; the outputs must be token-identical. Sampling: both
+    with ``SAMPLING`` (different random streams, so the texts differ) and
+    ``min_new_tokens = max_new_tokens`` so both produce the same number of tokens.
+
+    Returns:
+        dict with ``greedy`` / ``sample``, each ``{"hf": texts, "gpu_sampler": texts,
+        "hf_tok_s": float, "gs_tok_s": float}``, and ``identical`` (bool, greedy).
+    """
+    dev = model.device
+    batch = tok(list(prompts), return_tensors="pt", padding=True).to(dev)
+    L = batch.input_ids.shape[1]
+    B = batch.input_ids.shape[0]
+
+    def texts(out):
+        return tok.batch_decode(out[:, L:], skip_special_tokens=True)
+
+    result = {}
+    modes = {"greedy": dict(do_sample=False),
+             "sample": dict(do_sample=True, min_new_tokens=max_new_tokens, **SAMPLING)}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=2 * len(modes), desc="generate comparison", unit="run", leave=False)
+    for mode, kw in modes.items():
+        kw = dict(kw, max_new_tokens=max_new_tokens)
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            t_hf, hf = time_call(lambda: model.generate(**batch, **kw), repeats, dev)
+            if bar is not None:
+                bar.update()
+            extra = {"seed": seed} if mode == "sample" else {}
+            t_gs, gs = time_call(lambda: generate(model, **batch, **kw, **extra), repeats, dev)
+            if bar is not None:
+                bar.update()
+        result[mode] = {"hf": texts(hf), "gpu_sampler": texts(gs),
+                        "hf_tok_s": B * (hf.shape[1] - L) / t_hf,
+                        "gs_tok_s": B * (gs.shape[1] - L) / t_gs}
+        if mode == "greedy":
+            result["identical"] = hf.shape == gs.shape and bool(torch.equal(hf, gs))
+    if bar is not None:
+        bar.close()
+    return result
+
+
+def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p):
+    """transformers' processors + softmax + torch.multinomial: what model.generate does per step.
+
+    Returns:
+        LongTensor [B].
+    """
+    from transformers.generation.logits_process import (
+        LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+        TopKLogitsWarper, TopPLogitsWarper)
+
+    procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(repetition_penalty),
+                                 TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k),
+                                 TopPLogitsWarper(top_p)])
+    scores = procs(input_ids, logits)
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
+
+
+def sampler_table(sizes=SIZES, device="cpu", repeats=3, seed=0, progress=False):
+    """Median latency of the HF chain and of ``gpu_sampler.sample`` per (B, V), same inputs.
+
+    Inputs: fp32 logits ~ N(0, 3^2), input_ids [B, 128], ``SAMPLING`` parameters.
+
+    Returns:
+        list of dicts ``{"B", "V", "hf_ms", "gs_ms", "ratio"}`` (ratio = hf_ms / gs_ms).
+    """
+    dev = check_device(device)
+    it = sizes
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(sizes, desc="sampler comparison", unit="shape", leave=False)
+    rows = []
+    g = torch.Generator().manual_seed(seed)
+    for B, V in it:
+        logits = (torch.randn(B, V, generator=g) * 3).to(dev)
+        ids = torch.randint(0, V, (B, HISTORY), generator=g).to(dev)
+        with torch.no_grad():
+            t_hf, _ = time_call(lambda: hf_chain(logits, ids, **SAMPLING), repeats, dev)
+            t_gs, _ = time_call(lambda: sample(logits, input_ids=ids, **SAMPLING), repeats, dev)
+        rows.append({"B": B, "V": V, "hf_ms": t_hf * 1e3, "gs_ms": t_gs * 1e3,
+                     "ratio": t_hf / t_gs})
+        del logits, ids
+    return rows
+
+
+def format_table(rows):
+    """The sampler rows as an aligned text table."""
+    head = f"{'shape (B, V)':>16} | {'HF chain ms':>11} | {'gpu-sampler ms':>14} | {'ratio':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{'(%d, %d)' % (r['B'], r['V']):>16} | {r['hf_ms']:>11.3f} | "
+                     f"{r['gs_ms']:>14.3f} | {r['ratio']:>5.1f}x")
+    return "\n".join(lines)
+
+
+def plot_latency(rows, path, title=None):
+    """Write a log-log PNG of latency vs batch x vocab for both providers; return its Path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["B"] * r["V"])
+    x = [r["B"] * r["V"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(x, [r["hf_ms"] for r in rows], "o-", label="HF processors + multinomial")
+    ax.plot(x, [r["gs_ms"] for r in rows], "s-", label="gpu_sampler.sample")
+    for r, xi in zip(rows, x):
+        ax.annotate(f"{r['ratio']:.1f}x", (xi, r["gs_ms"]), textcoords="offset points",
+                    xytext=(0, -12), ha="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch x vocab (logits per call)")
+    ax.set_ylabel("median latency per call (ms)")
+    ax.set_title(title or "Sampling latency (rp 1.2, T 0.7, top-k 50, top-p 0.9)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZES,
+             max_new_tokens=32, repeats=3, echo=None):
+    """The whole demo: load, greedy/sampling generate comparison, sampler table, plot.
+
+    Args:
+        model_dir: a model folder; None builds/loads the embedded tiny Llama.
+        device: "cpu" or "cuda".
+        out_dir: where the PNG goes (created).
+        echo: called with each line of output.
+
+    Returns:
+        dict with "generate" (compare_generate's dict), "table" (sampler rows), "plot" (Path).
+    """
+    from . import tiny
+
+    if echo is None:
+        def echo(line):
+            # Flushed so that lines and the progress bars on stderr appear in order.
+            print(line, flush=True)
+    dev = check_device(device)
+    _quiet_transformers()
+    backend = "Triton kernel" if dev.type == "cuda" else "torch twin (CPU)"
+    echo(f"gpu-sampler demo  (device {dev}, sampler backend: {backend}, torch "
+         f"{torch.__version__}, {torch.get_num_threads()} threads)")
+    if model_dir is None:
+        if not tiny._complete(tiny.default_cache_dir() / "tiny-llama"):
+            echo("building the embedded tiny model (once; cached for later runs) ...")
+        model_dir = tiny.ensure_default_model()
+        what = "embedded tiny Llama"
+    else:
+        what = "model"
+    model, tok = load_model(model_dir, dev)
+    n = sum(p.numel() for p in model.parameters())
+
+    echo("")
+    echo(f"[1] {what}: {model_dir}")
+    echo(f"    {type(model).__name__}, {n / 1e6:.2f}M parameters, vocab {model.config.vocab_size}")
+
+    gen = compare_generate(model, tok, max_new_tokens=max_new_tokens, repeats=repeats,
+                           progress=True)
+    B = len(PROMPTS)
+    echo("")
+    echo(f"[2] greedy, batch {B}, {max_new_tokens} new tokens: model.generate vs "
+         "gpu_sampler.generate")
+    g = gen["greedy"]
+    for p, a in zip(PROMPTS, g["hf"]):
+        echo(f"    {p!r} -> {a!r}")
+    echo(f"    identical: {'yes' if gen['identical'] else 'NO'}")
+    echo(f"    tokens/s: HF {g['hf_tok_s']:.0f}, gpu-sampler {g['gs_tok_s']:.0f}")
+    s = gen["sample"]
+    echo("")
+    echo("    sampling (rp 1.2, T 0.7, top-k 50, top-p 0.9): different random streams, "
+         "same distribution")
+    for p, a, b in zip(PROMPTS, s["hf"], s["gpu_sampler"]):
+        echo(f"    {p!r}")
+        echo(f"        HF:          {a!r}")
+        echo(f"        gpu-sampler: {b!r}")
+    echo(f"    tokens/s: HF {s['hf_tok_s']:.0f}, gpu-sampler {s['gs_tok_s']:.0f}")
+
+    rows = sampler_table(sizes, dev, repeats=repeats, progress=True)
+    echo("")
+    echo(f"[3] one sampling step (rp 1.2, T 0.7, top-k 50, top-p 0.9, input_ids [B, {HISTORY}]),"
+         f" median of {repeats}")
+    for line in format_table(rows).splitlines():
+        echo("    " + line)
+
+    png = plot_latency(rows, Path(out_dir) / f"sampler-latency-{dev.type}.png",
+                       title=f"Sampling latency on {dev.type} (rp 1.2, T 0.7, k 50, p 0.9)")
+    echo("")
+    echo(f"[4] plot: {png.resolve()}")
+    return {"generate": gen, "table": rows, "plot": png}
