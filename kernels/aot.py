@@ -1,0 +1,101 @@
+"""Compile the fused kernel for a CUDA target on a machine without a GPU.
+
+The Triton interpreter (how the kernel is tested on CPU) does not type-check like the compiler:
+this runs the real pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas that ships in
+the triton wheel) for sm_90 and reports registers and spills. No driver is needed.
+
+    python -m gpu_sampler.kernels.aot            # prints one line per variant
+Must run without TRITON_INTERPRET=1 (the interpreter replaces @triton.jit functions).
+"""
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr": "*fp32",
+       "topk_ptr": "*i64", "topp_ptr": "*fp32", "minp_ptr": "*fp32", "rep_ptr": "*fp32",
+       "pres_ptr": "*fp32", "freq_ptr": "*fp32", "seed_ptr": "*i64", "off_ptr": "*i64",
+       "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32"}
+I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
+F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s"}
+
+
+def compile_variant(arch=90, num_warps=8, logits_dtype="fp32", **flags):
+    """Compile one constexpr variant; returns the CompiledKernel (asm has 'ptx' and 'cubin')."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET to compile (the interpreter is active)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .sampling import _fused_sample_kernel as kernel
+
+    consts = dict(TEMP_T=False, TOPK_T=False, TOPP_T=False, MINP_T=False, REP_T=False,
+                  PRES_T=False, FREQ_T=False, PLEN_T=False, SEED_T=False, OFF_T=False,
+                  HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
+                  WRITE_PROBS=False, TILE=1024, L_BLOCK=128, NPIV=16, MAX_ROUNDS=64)
+    consts.update(flags)
+    sig, constexprs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in PTR:
+            sig[name] = PTR[name] if name != "logits_ptr" else "*" + logits_dtype
+        elif name in I64:
+            sig[name] = "i64"
+        elif name in F32:
+            sig[name] = "fp32"
+        elif name in consts:
+            sig[name] = "constexpr"
+            constexprs[(i,)] = consts[name]
+        else:
+            sig[name] = "i32"
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+def ptxas_usage(ptx, arch=90):
+    """(registers, spill bytes) from ptxas -v, or None when no ptxas that reads this PTX exists."""
+    import triton
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for exe in ("ptxas-blackwell", "ptxas"):
+        path = os.path.join(bindir, exe)
+        if not os.path.exists(path):
+            path = shutil.which(exe)
+        if not path:
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "k.ptx")
+            open(src, "w").write(ptx)
+            r = subprocess.run([path, f"-arch=sm_{arch}a", "-v", src, "-o", os.path.join(d, "k.o")],
+                               capture_output=True, text=True)
+        m = re.search(r"Used (\d+) registers", r.stderr)
+        s = re.search(r"(\d+) bytes spill stores", r.stderr)
+        if m:
+            return int(m.group(1)), int(s.group(1)) if s else 0
+    return None
+
+
+VARIANTS = {
+    "topk+topp+rep": dict(),
+    "all-per-row+minp+pf": dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True,
+                                PRES_T=True, FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True,
+                                HAS_MINP=True, HAS_PF=True),
+    "distribution": dict(WRITE_PROBS=True, HAS_MINP=True),
+    "plain-bf16": dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False, logits_dtype="bf16"),
+}
+
+
+def main(argv=None):
+    names = (argv if argv is not None else sys.argv[1:]) or list(VARIANTS)
+    for name in names:
+        flags = dict(VARIANTS[name])
+        ck = compile_variant(**flags)
+        usage = ptxas_usage(ck.asm["ptx"])
+        extra = f"{usage[0]} registers, {usage[1]} bytes spilled" if usage else "ptxas -v unavailable"
+        print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}")
+
+
+if __name__ == "__main__":
+    main()
