@@ -75,6 +75,8 @@ def test_generate_throughput(benchmark, vocab, batch, mode, provider):
     assert out.shape == (batch, PROMPT_LEN + NEW_TOKENS)
     seconds = benchmark.stats.stats.median
     benchmark.extra_info.update(
-        tokens_per_s=batch * NEW_TOKENS / seconds, new_tokens=NEW_TOKENS, batch=batch,
+        tokens_per_s=batch * NEW_TOKENS / seconds,
+        # The shared 2-core CI box is noisy; the best round is the steadier comparison.
+        tokens_per_s_best=batch * NEW_TOKENS / benchmark.stats.stats.min, new_tokens=NEW_TOKENS, batch=batch,
         vocab=vocab, mode=mode, provider=provider, device=DEVICE,
         torch=torch.__version__, threads=torch.get_num_threads())

@@ -261,7 +261,7 @@ def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1
         probs.scatter_(1, st.idx, st.e / z)
     if st.greedy_tok is not None:
         g = (st.greedy & st.valid).to(torch.float32)[:, None]
-        probs.scatter_(1, st.greedy_tok[:, None], g, reduce="add")
+        probs.scatter_add_(1, st.greedy_tok[:, None], g)
     return probs
 
 

@@ -339,6 +339,11 @@ def _next_pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _alloc(shape, dtype, device):
+    """Output allocation; tests swap it for poisoned buffers with guard bands."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _split(value, dummy):
     """(pointer tensor, scalar, is_tensor) for a number-or-(B,) parameter."""
     if isinstance(value, torch.Tensor):
@@ -383,11 +388,15 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         ids, L, stride_ib = logits, 0, 0
     l_block = min(max(16, _next_pow2(L)), 1024)
 
-    tok = torch.empty(B, dtype=torch.int64, device=dev)
-    logp = torch.empty(B, dtype=torch.float32, device=dev)
-    probs = torch.empty((B, V), dtype=torch.float32, device=dev) if write_probs else tok
+    if write_probs:
+        probs = _alloc((B, V), torch.float32, dev)
+        tok = logp = probs  # not written in this mode
+    else:
+        tok = _alloc((B,), torch.int64, dev)
+        logp = _alloc((B,), torch.float32, dev)
+        probs = tok
 
-    dummy = tok
+    dummy = logits
     args = []
     flags = []
     for v in (prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p, min_p,

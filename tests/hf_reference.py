@@ -5,6 +5,14 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 
+def _ids(input_ids, b):
+    """Row b's history without padding (negative ids), as HF's processors want it."""
+    if input_ids is None:
+        return torch.zeros(1, 0, dtype=torch.long)
+    row = input_ids[b]
+    return row[row >= 0].unsqueeze(0)
+
+
 def _row(v, b):
     return v[b].item() if isinstance(v, torch.Tensor) else v
 
@@ -29,8 +37,7 @@ def hf_scores(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                 procs.append(TopPLogitsWarper(float(p)))
             if mp:
                 procs.append(MinPLogitsWarper(float(mp)))
-        ids = input_ids[b:b + 1] if input_ids is not None else torch.zeros(1, 0, dtype=torch.long)
-        out.append(procs(ids, logits[b:b + 1].float().clone()))
+        out.append(procs(_ids(input_ids, b), logits[b:b + 1].float().clone()))
     return torch.cat(out)
 
 
@@ -57,7 +64,7 @@ def rule_probs(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                            _row(repetition_penalty, b))
         x = logits[b:b + 1].float().clone()
         if rp != 1.0:
-            x = RepetitionPenaltyLogitsProcessor(float(rp))(input_ids[b:b + 1], x)
+            x = RepetitionPenaltyLogitsProcessor(float(rp))(_ids(input_ids, b), x)
         x = x[0]
         if T == 0:
             out[b, x.argmax()] = 1.0
@@ -94,3 +101,23 @@ def split_tie_rows(logits, ref, *, temperature=1.0, top_p=1.0, repetition_penalt
         if bool(((x == boundary) & ~kept).any()):
             rows.append(b)
     return rows
+
+
+ATOL = 2e-6
+
+
+def assert_same_distribution(ours, ref, what=""):
+    supp = (ours > 0) != (ref > 0)
+    assert not supp.any(), f"{what}: support differs at {supp.nonzero()[:5].tolist()}"
+    err = (ours - ref).abs().max().item()
+    assert err <= ATOL * max(1.0, ref.max().item()), f"{what}: max abs diff {err}"
+
+
+def assert_matches_hf(ours, logits, what="", **kw):
+    """Equal to HF's chain; on rows where HF's unstable sort split a tie group at the top-p
+    cut-off, equal to the documented rule instead (which keeps or drops a tie group whole)."""
+    ref = hf_probs(logits, **kw)
+    for b in split_tie_rows(logits, ref, **kw):
+        ref[b] = rule_probs(logits[b:b + 1], **{n: (v[b:b + 1] if isinstance(v, torch.Tensor)
+                                                     else v) for n, v in kw.items()})[0]
+    assert_same_distribution(ours, ref, what)

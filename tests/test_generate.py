@@ -68,7 +68,8 @@ def test_greedy_eos_mid_way_and_eos_list(arch_model):
         out = generate(arch_model, ids, attention_mask=mask, max_new_tokens=14, do_sample=False,
                        eos_token_id=e, pad_token_id=0)
         assert torch.equal(out, ref)
-    assert out.shape[1] < L + 14 or ref.shape == out.shape
+        if e is eos:  # every row meets its own eos by step 5: the output is cut short
+            assert out.shape[1] <= L + 6
 
 
 def test_eos_shortens_output_with_padding():

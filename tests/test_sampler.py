@@ -4,27 +4,7 @@ import torch
 
 import gpu_sampler
 from conftest import BACKENDS, DEVICE
-from hf_reference import hf_probs, rule_probs, split_tie_rows
-
-ATOL = 2e-6
-
-
-def _assert_same_distribution(ours, ref, what=""):
-    supp = (ours > 0) != (ref > 0)
-    assert not supp.any(), f"{what}: support differs at {supp.nonzero()[:5].tolist()}"
-    err = (ours - ref).abs().max().item()
-    assert err <= ATOL * max(1.0, ref.max().item()), f"{what}: max abs diff {err}"
-
-
-def _assert_matches_hf(ours, logits, what="", **kw):
-    """Equal to HF's chain; on rows where HF's unstable sort split a tie group at the top-p
-    cut-off, equal to the documented rule instead (which keeps or drops a tie group whole)."""
-    ref = hf_probs(logits, **kw)
-    for b in split_tie_rows(logits, ref, **kw):
-        ref[b] = rule_probs(logits[b:b + 1], **{n: (v[b:b + 1] if isinstance(v, torch.Tensor)
-                                                     else v) for n, v in kw.items()})[0]
-    _assert_same_distribution(ours, ref, what)
-
+from hf_reference import assert_matches_hf as _assert_matches_hf, assert_same_distribution as _assert_same_distribution, rule_probs, hf_probs
 
 def _logits(kind, B, V, dtype, gen):
     if kind == "random":
