@@ -226,6 +226,16 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     """Torch twin of ``kernels.fused_sample``: (tokens int64 [B], logprobs float32 [B])."""
     B, V = logits.shape
     dev = logits.device
+    no_penalty = input_ids is None or all(
+        not isinstance(v, torch.Tensor) and v == off
+        for v, off in ((repetition_penalty, 1.0), (presence_penalty, 0.0), (frequency_penalty, 0.0)))
+    if not isinstance(temperature, torch.Tensor) and temperature == 0 and no_penalty:
+        # All-greedy without penalties (generate()'s greedy step): no fp32 copy, four ops.
+        tok = logits.argmax(1)
+        top = logits.gather(1, tok[:, None]).squeeze(1)
+        ok = ~top.isnan() & (top > float("-inf")) & ~_bad_rows(B, dev, top_k=top_k, top_p=top_p,
+                                                               min_p=min_p)
+        return torch.where(ok, tok, -1), torch.where(ok, 0.0, float("-inf"))
     st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, input_ids, prompt_lens)
     tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
