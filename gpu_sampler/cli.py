@@ -31,6 +31,15 @@ def _fail(msg):
     raise SystemExit(EXIT_USAGE)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, like every other user error of this command."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def _positive_int(name):
     def parse(s):
         try:
@@ -44,8 +53,8 @@ def _positive_int(name):
 
 
 def _parser():
-    ap = argparse.ArgumentParser(prog="gpu-sampler",
-                                 description="Fused LLM token sampling: demo, generate, bench.")
+    ap = _Parser(prog="gpu-sampler",
+                 description="Fused LLM token sampling: demo, generate, bench.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,generate,bench}")
 
     d = sub.add_parser("demo", help="greedy/sampling generate comparison, sampler table, plot")
@@ -121,7 +130,7 @@ def _cmd_generate(args):
     kw = _sampling_kwargs(args)
     _check_sampling(kw)
     demo.check_device(args.device)
-    demo._quiet_transformers()
+    demo.quiet_transformers()
     model, tok = demo.load_model(args.model, args.device,
                                  trust_remote_code=args.trust_remote_code)
     enc = tok(args.prompt, return_tensors="pt").to(model.device)
@@ -176,7 +185,7 @@ def _cmd_bench(args):
     suites, json_path = _bench_paths(args.out, device)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     argv, env = bench_command(device, args.quick, json_path, suites)
-    print(f"running: {' '.join(argv[1:])}", flush=True)
+    print(f"running: python {' '.join(argv[1:])}", flush=True)
     rc = subprocess.call(argv, cwd=REPO, env=env)
     if not json_path.is_file():
         raise CLIError(f"the benchmark run failed (pytest exit status {rc}) and wrote no JSON")

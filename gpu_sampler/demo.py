@@ -32,7 +32,7 @@ PROMPTS = [
 # The HF comparison chain: rp 1.2, T 0.7, top-k 50, top-p 0.9, input_ids of 128 tokens.
 SAMPLING = dict(repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
 HISTORY = 128
-SIZES = [(1, 32000), (8, 32000), (1, 128256), (8, 128256), (64, 128256)]
+SIZES = [(1, 32000), (8, 32000), (1, 128256), (8, 128256), (64, 128256), (256, 151936)]
 
 
 class ModelLoadError(ValueError):
@@ -53,6 +53,18 @@ def check_device(device):
     return dev
 
 
+def check_model_dir(path):
+    """The folder as a Path; ModelLoadError when it is missing or has no config.json."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model folder not found: {p}")
+    if not p.is_dir():
+        raise ModelLoadError(f"model path is not a folder: {p}")
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"not a transformers model folder (no config.json): {p}")
+    return p
+
+
 def load_model(path, device="cpu", trust_remote_code=False):
     """Load ``(model, tokenizer)`` from a local folder with the Auto classes, in eval mode.
 
@@ -70,13 +82,7 @@ def load_model(path, device="cpu", trust_remote_code=False):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = check_device(device)
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"model folder not found: {p}")
-    if not p.is_dir():
-        raise ModelLoadError(f"model path is not a folder: {p}")
-    if not (p / "config.json").is_file():
-        raise ModelLoadError(f"not a transformers model folder (no config.json): {p}")
+    p = check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(p, trust_remote_code=trust_remote_code)
         tok = AutoTokenizer.from_pretrained(p, trust_remote_code=trust_remote_code)
@@ -233,6 +239,7 @@ def plot_latency(rows, path, title=None):
                     xytext=(0, -12), ha="center", fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.margins(x=0.08, y=0.12)  # room for the ratio labels under the lowest points
     ax.set_xlabel("batch x vocab (logits per call)")
     ax.set_ylabel("median latency per call (ms)")
     ax.set_title(title or "Sampling latency (rp 1.2, T 0.7, top-k 50, top-p 0.9)")
@@ -246,7 +253,8 @@ def plot_latency(rows, path, title=None):
     return path
 
 
-def _quiet_transformers():
+def quiet_transformers():
+    """Silence transformers' weight-loading progress bars and warnings for CLI output."""
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -271,8 +279,11 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
         def echo(line):
             # Flushed so that lines and the progress bars on stderr appear in order.
             print(line, flush=True)
+    started = time.perf_counter()
     dev = check_device(device)
-    _quiet_transformers()
+    if model_dir is not None:
+        check_model_dir(model_dir)
+    quiet_transformers()
     backend = "Triton kernel" if dev.type == "cuda" else "torch twin (CPU)"
     echo(f"gpu-sampler demo  (device {dev}, sampler backend: {backend}, torch "
          f"{torch.__version__}, {torch.get_num_threads()} threads)")
@@ -289,6 +300,8 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
     echo("")
     echo(f"[1] {what}: {model_dir}")
     echo(f"    {type(model).__name__}, {n / 1e6:.2f}M parameters, vocab {model.config.vocab_size}")
+    if what != "model":
+        echo("    (random weights: the text is noise; what matters is that both paths agree)")
 
     gen = compare_generate(model, tok, max_new_tokens=max_new_tokens, repeats=repeats,
                            progress=True)
@@ -322,4 +335,5 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
                        title=f"Sampling latency on {dev.type} (rp 1.2, T 0.7, k 50, p 0.9)")
     echo("")
     echo(f"[4] plot: {png.resolve()}")
+    echo(f"done in {time.perf_counter() - started:.0f} s")
     return {"generate": gen, "table": rows, "plot": png}
