@@ -40,8 +40,8 @@ def _is_tensor_or(v, pred):
 
 
 def _bad_rows(B, dev, **params):
-    """Per-row parameter violations (scalars were validated by the public layer)."""
-    bad = torch.zeros(B, dtype=torch.bool, device=dev)
+    """Per-row parameter violations, or None when every parameter is a (validated) scalar."""
+    bad = None
     rules = dict(temperature=lambda v: (v < 0) | v.isnan(), top_k=lambda v: v < 0,
                  top_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
                  min_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
@@ -49,7 +49,8 @@ def _bad_rows(B, dev, **params):
                  presence_penalty=lambda v: v.isnan(), frequency_penalty=lambda v: v.isnan())
     for name, v in params.items():
         if isinstance(v, torch.Tensor):
-            bad |= rules[name](v)
+            b = rules[name](v)
+            bad = b if bad is None else bad | b
     return bad
 
 
@@ -90,7 +91,7 @@ def _tie_aware_mass_above(vals, e):
     """For rows sorted descending: mass of strictly larger values before each entry."""
     K = vals.shape[1]
     excl = e.cumsum(1) - e
-    if K == 1:
+    if K == 1 or not bool((vals[:, 1:] == vals[:, :-1]).any()):
         return excl
     pos = torch.arange(K, device=vals.device).expand_as(vals)
     is_start = torch.ones_like(vals, dtype=torch.bool)
@@ -118,7 +119,8 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     dev = logits.device
     f32 = torch.float32
     st = _State()
-    x = logits.to(f32, copy=True)
+    x = logits.to(f32)
+    owned = x is not logits  # in-place edits need a copy of the caller's tensor
     bad = _bad_rows(B, dev, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                     repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty)
@@ -128,6 +130,8 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         has_pf = (_is_tensor_or(presence_penalty, lambda v: v != 0.0)
                   or _is_tensor_or(frequency_penalty, lambda v: v != 0.0))
         if has_rep or has_pf:
+            if not owned:
+                x, owned = x.clone(), True
             plen = prompt_lens if prompt_lens is not None else 0
             _apply_penalties(x, input_ids.to(torch.int64), plen, repetition_penalty,
                              presence_penalty, frequency_penalty, has_rep, has_pf)
@@ -140,7 +144,7 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         greedy = torch.full((B,), T == 0, device=dev)
         any_greedy = all_greedy = T == 0
     st.greedy_tok = None
-    valid = ~bad
+    valid = torch.ones(B, dtype=torch.bool, device=dev) if bad is None else ~bad
     if any_greedy:
         st.greedy_tok = x.argmax(1)
         top = x.gather(1, st.greedy_tok[:, None]).squeeze(1)  # NaN wins argmax, like torch
@@ -152,36 +156,47 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         return st
     # Positive scaling keeps each row's order, so topk runs on xp and only the candidates are
     # divided; a tie the division creates at the k-th value keeps the last candidate, and K grows.
-    if isinstance(T, torch.Tensor):
-        tdiv = torch.where(greedy | bad, 1.0, T)[:, None]
-    else:
-        tdiv = torch.full((B, 1), float(T), device=dev)
+    # Scalars stay Python numbers: at small B the cost is the number of torch calls.
+    tdiv = torch.where(~valid | greedy, 1.0, T)[:, None] if isinstance(T, torch.Tensor) else float(T)
 
-    k = _rows(top_k, B, torch.int64, dev) if isinstance(top_k, torch.Tensor) else top_k
-    kact = torch.as_tensor((k > 0) & (k < V), device=dev)
-    k_any = bool(kact.any())
-    K = min(V, (int(k.max()) if isinstance(k, torch.Tensor) else k) + 1) if k_any else min(V, _K0)
-    p_on = torch.as_tensor(_col(top_p) < 1.0, device=dev)
+    k = top_k
+    k_tensor = isinstance(k, torch.Tensor)
+    kact = ((k > 0) & (k < V)) if k_tensor else (0 < k < V)
+    k_any = bool(kact.any()) if k_tensor else kact
+    K = min(V, (int(k.max()) if k_tensor else k) + 1) if k_any else min(V, _K0)
+    p_on = _col(top_p) < 1.0
+    p_any = bool(p_on.any()) if isinstance(p_on, torch.Tensor) else p_on
+    # top_p == 0 keeps nothing by the rule; only then is the keep-the-max fallback needed.
+    p_zero = isinstance(top_p, torch.Tensor) or top_p == 0
     mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
     z_full = None
     while True:
         vals, idx = torch.topk(x, K, dim=1)
-        vals = vals / tdiv
+        if isinstance(tdiv, torch.Tensor) or tdiv != 1.0:
+            vals = vals / tdiv
         M = vals[:, 0]
         posinf = M == float("inf")
         if bool(posinf.any()):
             # The limit of a softmax whose logits overflow: uniform over the +inf tokens.
+            if not owned:
+                x, owned = x.clone(), True
+            if not isinstance(tdiv, torch.Tensor):
+                tdiv = torch.full((B, 1), tdiv, device=dev)
             r = posinf.nonzero().squeeze(1)
             x[r] = torch.where(x[r] / tdiv[r] == float("inf"), 0.0, float("-inf"))
             tdiv[r] = 1.0
             continue
-        sampling = valid & ~greedy & ~M.isnan() & (M > float("-inf"))
+        sampling = ~M.isnan() & (M > float("-inf"))
+        if any_greedy or isinstance(bad, torch.Tensor):
+            sampling = sampling & valid & ~greedy
         Mc = torch.where(sampling, M, 0.0)[:, None]
         e = torch.exp(vals - Mc)
-        if k_any:
-            kk = (torch.where(kact, k, 1) - 1) if isinstance(k, torch.Tensor) else \
-                torch.full((B,), k - 1, device=dev)
+        if k_any and k_tensor:
+            kk = torch.where(kact, k, 1) - 1
             tau_k = torch.where(kact, vals.gather(1, kk[:, None]).squeeze(1), float("-inf"))[:, None]
+            keep = vals >= tau_k
+        elif k_any:
+            tau_k = vals[:, k - 1:k]
             keep = vals >= tau_k
         else:
             tau_k = None
@@ -190,7 +205,7 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         e = torch.where(keep, e, 0.0)
         if k_any:
             z = e.sum(1)
-            if not bool(kact.all()):
+            if k_tensor and not bool(kact.all()):
                 if z_full is None:
                     z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
                 z = torch.where(kact, z, z_full)
@@ -198,17 +213,18 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
             if z_full is None:
                 z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
             z = z_full
-        if bool(p_on.any()):
+        if p_any:
             above = _tie_aware_mass_above(vals, e)
             kp = keep & (above < _col(top_p) * z[:, None])
-            # top_p == 0 keeps nothing by the rule: the max and its ties stay.
-            kp = kp | (keep & ~kp.any(1, keepdim=True) & (vals == vals[:, :1]))
-            keep = torch.where(p_on, kp, keep)
+            if p_zero:
+                kp = kp | (keep & ~kp.any(1, keepdim=True) & (vals == vals[:, :1]))
+            keep = torch.where(p_on, kp, keep) if isinstance(p_on, torch.Tensor) else kp
         if mp_on:
             keep = keep & (e >= _col(min_p))
         last_dropped = ~keep[:, -1]
         if tau_k is not None:
-            last_dropped &= ~(vals[:, -1:] >= tau_k).squeeze(1) | ~kact
+            below_k = ~(vals[:, -1:] >= tau_k).squeeze(1)
+            last_dropped &= (below_k | ~kact) if k_tensor else below_k
         if K == V or bool((last_dropped | ~sampling).all()):
             break
         K = min(V, K * 4)
@@ -233,16 +249,17 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         # All-greedy without penalties (generate()'s greedy step): no fp32 copy, four ops.
         tok = logits.argmax(1)
         top = logits.gather(1, tok[:, None]).squeeze(1)
-        ok = ~top.isnan() & (top > float("-inf")) & ~_bad_rows(B, dev, top_k=top_k, top_p=top_p,
-                                                               min_p=min_p)
+        ok = ~top.isnan() & (top > float("-inf"))
+        bad = _bad_rows(B, dev, top_k=top_k, top_p=top_p, min_p=min_p)
+        if bad is not None:
+            ok &= ~bad
         return torch.where(ok, tok, -1), torch.where(ok, 0.0, float("-inf"))
     st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, input_ids, prompt_lens)
     tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
     logp = torch.full((B,), float("-inf"), device=dev)
     if bool(st.sampling.any()):
-        g = rng.gumbel_rows(_rows(seed, B, torch.int64, dev), _rows(offset, B, torch.int64, dev),
-                            st.idx)
+        g = rng.gumbel_rows(seed, offset, st.idx)
         score = torch.where(st.keep, (st.vals - st.M[:, None]) + g, float("-inf"))
         # Candidates are in value order; on an exact score tie the kernel takes the lowest id.
         best = score.amax(1, keepdim=True)

@@ -73,22 +73,46 @@ def _np_splitmix64(z):
     return z ^ (z >> np.uint64(31))
 
 
+_M64 = (1 << 64) - 1
+
+
+def _py_splitmix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _as_rows(v, ids):
+    if isinstance(v, torch.Tensor):
+        return v.to(torch.int64)
+    return torch.full((ids.shape[0],), v, dtype=torch.int64, device=ids.device)
+
+
 def gumbel_rows(seed, offset, ids):
-    """Gumbel noise [B, K] for token ids [B, K] of rows with int64 seed / offset [B].
+    """Gumbel noise [B, K] for token ids [B, K] of rows with seed / offset (int or int64 [B]).
 
     The same bits as kernels/sampling.py's _uniform. CPU tensors take a numpy path with native
     unsigned arithmetic (an order of magnitude fewer dispatches than int64 torch ops on the
     small candidate sets of the twin); other devices use the torch ops above.
     """
     if ids.device.type != "cpu":
-        k_lo, k_hi = row_keys(seed, offset)
+        k_lo, k_hi = row_keys(_as_rows(seed, ids), _as_rows(offset, ids))
         return gumbel(k_lo, k_hi, ids)
+    B = ids.shape[0]
+    if B <= 16:  # a few rows: Python ints beat a dozen numpy calls on 1-element arrays
+        seeds = seed.tolist() if isinstance(seed, torch.Tensor) else [seed] * B
+        offs = offset.tolist() if isinstance(offset, torch.Tensor) else [offset] * B
+        keys = [_py_splitmix64((s & _M64) ^ _py_splitmix64(o & _M64)) for s, o in zip(seeds, offs)]
+        k0 = np.array([k & _M32 for k in keys], dtype=np.uint32)[:, None]
+        k1 = np.array([k >> 32 for k in keys], dtype=np.uint32)[:, None]
+    else:
+        with np.errstate(over="ignore"):
+            key = _np_splitmix64(_as_rows(seed, ids).numpy().astype(np.uint64)
+                                 ^ _np_splitmix64(_as_rows(offset, ids).numpy().astype(np.uint64)))
+            k0 = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]
+            k1 = (key >> np.uint64(32)).astype(np.uint32)[:, None]
     with np.errstate(over="ignore"):
-        s = seed.numpy().astype(np.uint64)
-        o = offset.numpy().astype(np.uint64)
-        key = _np_splitmix64(s ^ _np_splitmix64(o))
-        k0 = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]
-        k1 = (key >> np.uint64(32)).astype(np.uint32)[:, None]
         h = ids.numpy().astype(np.uint32) * np.uint32(0x9E3779B1)
         h = _np_fmix32(h ^ k0)
         h = _np_fmix32(h ^ k1)
