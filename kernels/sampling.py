@@ -22,19 +22,11 @@ INVALID_TOKEN = -1
 
 
 @triton.jit
-def _param(ptr, scalar, row, IS_TENSOR: tl.constexpr):
-    """A per-row value from a (B,) tensor, or the call's scalar, as fp32."""
-    v = tl.cast(scalar, tl.float32)
+def _param(ptr, scalar, row, IS_TENSOR: tl.constexpr, DTYPE: tl.constexpr = tl.float32):
+    """A per-row value from a (B,) tensor, or the call's scalar, as DTYPE."""
+    v = tl.cast(scalar, DTYPE)
     if IS_TENSOR:
-        v = tl.load(ptr + row).to(tl.float32)
-    return v
-
-
-@triton.jit
-def _param_int(ptr, scalar, row, IS_TENSOR: tl.constexpr):
-    v = tl.cast(scalar, tl.int64)
-    if IS_TENSOR:
-        v = tl.load(ptr + row).to(tl.int64)
+        v = tl.load(ptr + row).to(DTYPE)
     return v
 
 
@@ -215,7 +207,7 @@ def _fused_sample_kernel(
     rep = _param(rep_ptr, rep_s, row, REP_T)
     pres = _param(pres_ptr, pres_s, row, PRES_T)
     freq = _param(freq_ptr, freq_s, row, FREQ_T)
-    plen = _param_int(plen_ptr, plen_s, row, PLEN_T)
+    plen = _param(plen_ptr, plen_s, row, PLEN_T, tl.int64)
     greedy = T == 0.0
     bad = (T < 0.0) | (T != T) | (rep <= 0.0) | (rep != rep) | (pres != pres) | (freq != freq)
     tdiv = tl.where(greedy | bad, 1.0, T)
@@ -256,7 +248,7 @@ def _fused_sample_kernel(
     lmin = tl.where(posinf_row, 0.0, lmin)
     nfin = tl.where(posinf_row, nposinf, nfin)
 
-    k = _param_int(topk_ptr, topk_s, row, TOPK_T)
+    k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
     p = _param(topp_ptr, topp_s, row, TOPP_T)
     minp = _param(minp_ptr, minp_s, row, MINP_T)
     bad = bad | (k < 0) | (p < 0.0) | (p > 1.0) | (p != p)
@@ -284,8 +276,8 @@ def _fused_sample_kernel(
     bidx = row * 0 - 1
     bx = tl.zeros([], tl.float32)
     if sampling:
-        seed = _param_int(seed_ptr, seed_s, row, SEED_T).to(tl.uint64)
-        off = _param_int(off_ptr, off_s, row, OFF_T).to(tl.uint64)
+        seed = _param(seed_ptr, seed_s, row, SEED_T, tl.int64).to(tl.uint64)
+        off = _param(off_ptr, off_s, row, OFF_T, tl.int64).to(tl.uint64)
         rkey = _splitmix64(seed ^ _splitmix64(off))
         k0 = (rkey & 0xFFFFFFFF).to(tl.uint32)
         k1 = (rkey >> 32).to(tl.uint32)
