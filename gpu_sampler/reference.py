@@ -236,6 +236,7 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     return st
 
 
+@torch.no_grad()
 def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                      repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                      input_ids=None, prompt_lens=None, seed=0, offset=0):
@@ -275,6 +276,7 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     return tok, logp
 
 
+@torch.no_grad()
 def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                                     repetition_penalty=1.0, presence_penalty=0.0,
                                     frequency_penalty=0.0, input_ids=None, prompt_lens=None):
@@ -292,6 +294,7 @@ def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1
     return probs
 
 
+@torch.no_grad()
 def processed_logits_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                                repetition_penalty=1.0, presence_penalty=0.0,
                                frequency_penalty=0.0, input_ids=None, prompt_lens=None):

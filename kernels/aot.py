@@ -7,7 +7,6 @@ the triton wheel) for sm_90 and reports registers and spills. No driver is neede
     python -m gpu_sampler.kernels.aot            # prints one line per variant
 Must run without TRITON_INTERPRET=1 (the interpreter replaces @triton.jit functions).
 """
-import itertools
 import os
 import re
 import shutil

@@ -9,7 +9,7 @@ if os.environ.get("GPU_SAMPLER_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+
 
 DEVICE = os.environ.get("GPU_SAMPLER_TEST_DEVICE", "cpu")
 SLOW = os.environ.get("GPU_SAMPLER_SLOW") == "1"

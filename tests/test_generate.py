@@ -1,5 +1,4 @@
 """gpu_sampler.generate against transformers' own model.generate()."""
-import os
 
 import pytest
 import torch
