@@ -226,29 +226,39 @@ def test_no_memory_growth_over_10000_calls():
         assert torch.cuda.memory_allocated() == m0
 
 
+def _in_threads(fn, n):
+    """fn(0..n-1) started together on n threads; their results, re-raising any failure."""
+    got, errors = [None] * n, []
+
+    def run(i):
+        try:
+            got[i] = fn(i)
+        except Exception as e:  # pragma: no cover - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return got
+
+
 def test_threads_match_sequential():
     gen = torch.Generator().manual_seed(9)
     xs = [torch.randn(3, 2000, generator=gen) for _ in range(8)]
     kw = dict(temperature=0.8, top_k=30, top_p=0.9, backend="torch")
     expect = [gpu_sampler.sample(x, seed=i, offset=5, **kw) for i, x in enumerate(xs)]
-    got = [None] * 8
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(20):
-                got[i] = gpu_sampler.sample(xs[i], seed=i, offset=5, **kw)
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(20):
+            out = gpu_sampler.sample(xs[i], seed=i, offset=5, **kw)
+        return out
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for a, b in zip(expect, got):
-        assert torch.equal(a, b)
+    got = _in_threads(work, 8)
+    assert all(torch.equal(a, b) for a, b in zip(expect, got))
 
 
 _CHILD = """
@@ -297,20 +307,7 @@ def test_generate_two_threads_match_sequential():
     model, ids = _gen_setup()
     kws = [dict(max_new_tokens=8, do_sample=True, temperature=0.9, seed=s) for s in (5, 6)]
     expect = [generate(model, ids, **kw) for kw in kws]
-    got, errors = [None, None], []
-
-    def work(i):
-        try:
-            got[i] = generate(model, ids, **kws[i])
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = _in_threads(lambda i: generate(model, ids, **kws[i]), 2)
     assert all(torch.equal(a, b) for a, b in zip(expect, got))
 
 
