@@ -141,10 +141,13 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         greedy = T == 0
         any_greedy, all_greedy = bool(greedy.any()), bool(greedy.all())
     else:
-        greedy = torch.full((B,), T == 0, device=dev)
+        greedy = torch.full((B,), T == 0, device=dev) if T == 0 else None
         any_greedy = all_greedy = T == 0
     st.greedy_tok = None
-    valid = torch.ones(B, dtype=torch.bool, device=dev) if bad is None else ~bad
+    # valid / greedy stay None on the common path (scalar T > 0, scalar parameters).
+    valid = None if bad is None else ~bad
+    if greedy is not None and valid is None:
+        valid = torch.ones(B, dtype=torch.bool, device=dev)
     if any_greedy:
         st.greedy_tok = x.argmax(1)
         top = x.gather(1, st.greedy_tok[:, None]).squeeze(1)  # NaN wins argmax, like torch
@@ -186,11 +189,13 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
             x[r] = torch.where(x[r] / tdiv[r] == float("inf"), 0.0, float("-inf"))
             tdiv[r] = 1.0
             continue
-        sampling = ~M.isnan() & (M > float("-inf"))
-        if any_greedy or isinstance(bad, torch.Tensor):
-            sampling = sampling & valid & ~greedy
-        Mc = torch.where(sampling, M, 0.0)[:, None]
-        e = torch.exp(vals - Mc)
+        sampling = M > float("-inf")  # False for NaN rows too
+        if valid is not None:
+            sampling = sampling & valid
+        if greedy is not None:
+            sampling = sampling & ~greedy
+        # Invalid rows may get NaN here; they are masked by `sampling` at the end.
+        e = torch.exp(vals - M[:, None])
         if k_any and k_tensor:
             kk = torch.where(kact, k, 1) - 1
             tau_k = torch.where(kact, vals.gather(1, kk[:, None]).squeeze(1), float("-inf"))[:, None]
@@ -202,7 +207,7 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
             tau_k = None
             keep = vals > float("-inf")
         keep = keep & (vals > float("-inf"))
-        e = torch.where(keep, e, 0.0)
+        e = e * keep
         if k_any:
             z = e.sum(1)
             if k_tensor and not bool(kact.all()):
@@ -232,7 +237,10 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     st.keep = keep & sampling[:, None]
     st.e = torch.where(st.keep, e, 0.0)
     st.sampling = sampling
-    st.valid = valid & (greedy | sampling)
+    if valid is None:
+        st.valid = sampling
+    else:
+        st.valid = valid & (sampling if greedy is None else greedy | sampling)
     return st
 
 
@@ -259,7 +267,7 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  frequency_penalty, input_ids, prompt_lens)
     tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
     logp = torch.full((B,), float("-inf"), device=dev)
-    if bool(st.sampling.any()):
+    if st.greedy is None or bool(st.sampling.any()):
         g = rng.gumbel_rows(seed, offset, st.idx)
         score = torch.where(st.keep, (st.vals - st.M[:, None]) + g, float("-inf"))
         # Candidates are in value order; on an exact score tie the kernel takes the lowest id.
