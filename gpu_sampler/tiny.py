@@ -115,22 +115,31 @@ def build_model(vocab_size, seed=0, hidden_size=128, num_layers=4):
         >>> m(torch.tensor([[1, 5, 6]])).logits.shape
         torch.Size([1, 3, 1000])
     """
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
                          intermediate_size=hidden_size * 3, num_hidden_layers=num_layers,
                          num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=1024, tie_word_embeddings=False,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return seeded_random_model(lambda: LlamaForCausalLM(config), seed, std=0.1)
+
+
+def seeded_random_model(build, seed, std):
+    """build() under a fixed seed, matrices re-drawn from N(0, std), special ids 0/1/2, eval.
+
+    The default init (std 0.02) gives nearly uniform next-token distributions, so greedy output
+    would be one token repeated; wider weights give peaked, varied predictions.
+    """
+    from transformers import GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-        # The default init (std 0.02) gives nearly uniform next-token distributions, so greedy
-        # output would be one token repeated; wider weights give peaked, varied predictions.
+        model = build()
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() >= 2:
-                    p.normal_(0.0, 0.1)
+                    p.normal_(0.0, std)
     model.generation_config = GenerationConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     return model.eval()
 

@@ -9,7 +9,9 @@ Example::
     model.generate(ids, max_new_tokens=5)
 """
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast)
+
+from gpu_sampler.tiny import seeded_random_model
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 ARCHS = ("llama", "gpt2", "qwen2", "mistral")
 
@@ -60,16 +62,8 @@ def tiny_model(arch, seed=0, vocab_size=1000, dtype=torch.float32, **config_kwar
     """
     config = tiny_config(arch, vocab_size=vocab_size, **config_kwargs)
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        # Default init gives near-uniform logits; larger weights give peaked, more varied outputs.
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0.0, 0.08)
-    model.generation_config = GenerationConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return model.eval()
+    return seeded_random_model(lambda: AutoModelForCausalLM.from_config(config, dtype=dtype),
+                               seed, std=0.08)
 
 
 def llama_20m(vocab_size=32000, dtype=torch.float32, seed=0):
