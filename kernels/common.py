@@ -1,0 +1,188 @@
+"""Device helpers shared by the sampling kernels: parameters, order keys, the counter-based RNG,
+the penalised tile loader and the pieces of the pivot search.
+
+Notation for one row (all fp32):
+    l       raw logits (any float dtype, upcast on load)
+    xp      penalised logits: repetition penalty (HF rule) then presence/frequency (OpenAI rule)
+    x       xp / T
+    M, Z    max finite x and sum exp(x - M) over finite x
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _param(ptr, scalar, row, IS_TENSOR: tl.constexpr, DTYPE: tl.constexpr = tl.float32):
+    """A per-row value from a (B,) tensor, or the call's scalar, as DTYPE."""
+    v = tl.cast(scalar, DTYPE)
+    if IS_TENSOR:
+        v = tl.load(ptr + row).to(DTYPE)
+    return v
+
+
+@triton.jit
+def _finite(v):
+    return (v == v) & (v != float("inf")) & (v != float("-inf"))
+
+
+@triton.jit
+def _bad_row(T, rep, pres, freq):
+    """The numeric policy for per-row float parameters: NaN or +-inf anywhere, T < 0, rep <= 0."""
+    return (~_finite(T)) | (T < 0.0) | (~_finite(rep)) | (rep <= 0.0) | (~_finite(pres)) \
+        | (~_finite(freq))
+
+
+@triton.jit
+def _key(f):
+    """Order-preserving map fp32 -> int32 (signed compare on keys = float compare, -0 < +0)."""
+    b = f.to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _unkey(k):
+    b = k ^ ((k >> 31) & 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _splitmix64(z):
+    z = z + 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T: tl.constexpr, OFF_T: tl.constexpr):
+    """The row's 64-bit RNG key as two uint32 halves (see gpu_sampler/rng.py)."""
+    seed = _param(seed_ptr, seed_s, row, SEED_T, tl.int64).to(tl.uint64)
+    off = _param(off_ptr, off_s, row, OFF_T, tl.int64).to(tl.uint64)
+    rkey = _splitmix64(seed ^ _splitmix64(off))
+    return (rkey & 0xFFFFFFFF).to(tl.uint32), (rkey >> 32).to(tl.uint32)
+
+
+@triton.jit
+def _uniform(k0, k1, offs):
+    """u in (0, 1) from a counter-based hash of (row key, token id); 24 random bits.
+
+    The same function is written in torch in gpu_sampler/rng.py, so the kernel and the torch twin
+    draw the same token for the same (seed, offset).
+    """
+    h = offs.to(tl.uint32) * 0x9E3779B1
+    h = _fmix32(h ^ k0)
+    h = _fmix32(h ^ k1)
+    return ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+
+
+@triton.jit
+def _gumbel(k0, k1, offs):
+    return -tl.log(-tl.log(_uniform(k0, k1, offs)))
+
+
+@triton.jit
+def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
+                    TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr):
+    """Statistics block t of the row: (token ids, in-bounds mask, penalised xp).
+
+    The history edits of block t are the slice [start_t, end_t) of the row's bucketed edit list
+    (kernels/history.py: one int32 per history position, ``id * 2 + counts_for_presence``), so a
+    block reads only its own history entries; tl.histogram turns them into per-slot counts.
+    """
+    start = tl.cast(t, tl.int64) * TILE
+    offs = start + tl.arange(0, TILE).to(tl.int64)
+    inb = offs < V
+    xp = tl.load(lrow_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    if HAS_REP or HAS_PF:
+        e0 = tl.load(brow_ptr + t)
+        e1 = tl.load(brow_ptr + NT + t)
+        seen = tl.zeros([TILE], dtype=tl.int32)
+        cnt = tl.zeros([TILE], dtype=tl.int32)
+        for h0 in range(e0, e1, E_BLOCK):
+            hoffs = h0 + tl.arange(0, E_BLOCK)
+            hin = hoffs < e1
+            code = tl.load(erow_ptr + hoffs, mask=hin, other=0)
+            rel = (code >> 1) - start.to(tl.int32)
+            if HAS_REP:
+                seen += tl.histogram(rel, TILE, mask=hin)
+            if HAS_PF:
+                cnt += tl.histogram(rel, TILE, mask=hin & ((code & 1) == 1))
+        if HAS_REP:
+            xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
+        if HAS_PF:
+            xp = xp - (tl.where(cnt > 0, pres, 0.0) + freq * cnt.to(tl.float32))
+    return offs, inb, xp
+
+
+@triton.jit
+def _tempered(xp, tdiv, posinf_row, xpmax):
+    """x = xp / T; a row whose x overflows keeps its xp argmax tie group (x = 0, rest -inf)."""
+    x = xp / tdiv
+    return tl.where(posinf_row, tl.where(xp == xpmax, 0.0, float("-inf")), x)
+
+
+# ---- the pivot search, shared by the candidate search (merge) and the row search (fallback) --
+
+@triton.jit
+def _pivots(lo, pv, NPIV: tl.constexpr):
+    """NPIV pivots in (lo, pv]: half evenly in value, half evenly in the fp32 key space."""
+    H: tl.constexpr = NPIV // 2
+    j = tl.arange(0, NPIV)
+    jj = (j % H + 1).to(tl.int64)
+    klo = _key(lo).to(tl.int64)
+    kpv = _key(pv).to(tl.int64)
+    kp = klo + ((kpv - klo) * jj + H - 1) // H
+    key_piv = _unkey(kp.to(tl.int32))
+    f = jj.to(tl.float32) / (H + 1)
+    val_piv = lo * (1.0 - f) + pv * f
+    val_piv = tl.minimum(tl.maximum(val_piv, _unkey((klo + 1).to(tl.int32))), pv)
+    return tl.where(j < H, val_piv, key_piv)
+
+
+@triton.jit
+def _pivot_partials(x, e, piv, cnt, mass, nxt, prv, USE_COUNT: tl.constexpr):
+    """Accumulate, per pivot t: #{x >= t}, sum_{x >= t} e, min{x >= t}, max{x < t}."""
+    ge = x[:, None] >= piv[None, :]
+    if USE_COUNT:
+        cnt += tl.sum(ge.to(tl.float32), axis=0)
+    mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
+    nxt = tl.minimum(nxt, tl.min(tl.where(ge, x[:, None], float("inf")), axis=0))
+    prv = tl.maximum(prv, tl.max(tl.where(ge, float("-inf"), x[:, None]), axis=0))
+    return cnt, mass, nxt, prv
+
+
+@triton.jit
+def _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV: tl.constexpr,
+                  USE_COUNT: tl.constexpr):
+    """One round's decision. W is non-increasing in t (sums over a shrinking set, same order),
+    so the pivots with W >= target are the low ones: the largest gives lo, the smallest
+    failing one gives pv; both snap onto data values."""
+    if USE_COUNT:
+        w = cnt
+    else:
+        w = mass
+    ok = w >= target
+    n_ok = tl.sum(ok.to(tl.int32), axis=0)
+    lo = tl.where(n_ok > 0, tl.max(tl.where(ok, nxt, float("-inf")), axis=0), lo)
+    lo_mass = tl.where(n_ok > 0, tl.min(tl.where(ok, mass, float("inf")), axis=0), lo_mass)
+    pv = tl.where(n_ok < NPIV, tl.min(tl.where(ok, float("inf"), prv), axis=0), pv)
+    return lo, pv, lo_mass
+
+
+@triton.jit
+def _pivot_init(NPIV: tl.constexpr):
+    cnt = tl.zeros([NPIV], dtype=tl.float32)
+    mass = tl.zeros([NPIV], dtype=tl.float32)
+    nxt = tl.full([NPIV], float("inf"), dtype=tl.float32)
+    prv = tl.full([NPIV], float("-inf"), dtype=tl.float32)
+    return cnt, mass, nxt, prv

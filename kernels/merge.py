@@ -1,0 +1,298 @@
+"""Stage 2, one program per row: merge the block partials, find the thresholds on the candidates,
+apply min-p, draw with Gumbel-max and compute the logprob. Rows the candidates cannot decide
+exactly take an exact fallback over the row (more passes, same program, no host sync).
+
+Math per row, transformers' order (see kernels/README.md):
+    M = max_t m_t,  Z = sum_t z_t exp(m_t - M)                    (blocks in index order)
+    keep i  iff  x_i >= tau_k,  tau_k = k-th largest x (ties with it kept)
+           and  x_i >= tau_p,  tau_p = max{t : sum_{x >= t, x >= tau_k} e^(x-M) >= p * Z_k}
+           and  e^(x_i - M) >= min_p
+    token = argmax_{kept} (x_i - M + Gumbel_i),  logprob = x_tok - M - log(sum_{kept} e^(x - M))
+
+Exactness: G = max_t g_t bounds every value that is not a candidate. A threshold found on the
+candidates is exact when it is > G (everything >= it is a candidate, so its count / mass is the
+row's). The kept set then lies inside the candidates. Otherwise (overflow: flat or tie-heavy
+rows, huge nuclei, no filter at all, or a row whose x overflows to +inf) the program redoes the
+search and the draw over the row itself: passes = 1 per top-k / top-p search round + 1 draw.
+"""
+import triton
+import triton.language as tl
+
+from .common import (_bad_row, _gumbel, _param, _penalised_tile, _pivot_init, _pivot_partials,
+                     _pivot_update, _pivots, _row_key, _tempered)
+from .stats import F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NCAND, I_NFIN, I_NNAN, I_NPOS, NF, NI
+
+# per-row state the merge leaves for the distribution writer (float32 [B, 4], int32 [B, 2])
+S_M, S_TAU, S_ZF, S_XPMAX = (tl.constexpr(i) for i in range(4))
+NS = tl.constexpr(4)
+
+
+@triton.jit
+def _cand_block(cv_ptr, wirow, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr):
+    """CB candidate slots from flat slot b0: (slot offsets, written mask, x). Slots past a
+    block's candidate count were never written and are never read."""
+    idx = b0 + tl.arange(0, CB).to(tl.int64)
+    t = idx // KT
+    n = tl.load(wirow + I_NCAND * NT + t, mask=t < NT, other=0)
+    ok = (idx % KT) < n
+    slot = row * NT * KT + idx
+    x = tl.load(cv_ptr + slot, mask=ok, other=float("-inf"))
+    return slot, ok, x
+
+
+@triton.jit
+def _cand_search(cv_ptr, wirow, row, NT, M, lo, pv, lo_mass, target,
+                 USE_COUNT: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
+                 NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """tau = max{t : W(t) >= target} over the candidates (W = count or mass of x >= t).
+    Needs W(lo) >= target; returns (tau, W_mass(tau))."""
+    rounds = tl.zeros([], tl.int32)
+    while (lo < pv) & (rounds < MAX_ROUNDS):
+        piv = _pivots(lo, pv, NPIV)
+        cnt, mass, nxt, prv = _pivot_init(NPIV)
+        for b0 in range(0, NT * KT, CB):
+            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
+            cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
+                                                  USE_COUNT)
+        lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
+                                        USE_COUNT)
+        rounds += 1
+    return lo, lo_mass
+
+
+@triton.jit
+def _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_mass, target,
+                USE_COUNT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr):
+    """The same search over the whole row (fallback): one pass over the logits per round."""
+    rounds = tl.zeros([], tl.int32)
+    while (lo < pv) & (rounds < MAX_ROUNDS):
+        piv = _pivots(lo, pv, NPIV)
+        cnt, mass, nxt, prv = _pivot_init(NPIV)
+        for t in range(0, NT):
+            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            x = xp / tdiv
+            cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
+                                                  USE_COUNT)
+        lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
+                                        USE_COUNT)
+        rounds += 1
+    return lo, lo_mass
+
+
+@triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
+def _merge_kernel(
+    logits_ptr, stride_lb, V, NT,
+    edits_ptr, stride_eb, bnd_ptr,
+    temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s,
+    rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+    seed_ptr, seed_s, off_ptr, off_s,
+    wf_ptr, wi_ptr, cv_ptr, ci_ptr,
+    tok_ptr, logp_ptr, sf_ptr, si_ptr,
+    TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
+    REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, HAS_MINP: tl.constexpr,
+    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, WRITE_PROBS: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
+    NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+):
+    """Reads 10 words per block, the candidates once per search round plus once for the draw
+    (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
+    WRITE_PROBS, the row state that _write_probs_kernel reads)."""
+    row = tl.program_id(0).to(tl.int64)
+    lrow = logits_ptr + row * stride_lb
+    erow = edits_ptr + row * stride_eb
+    brow = bnd_ptr + row * 2 * NT
+    wfrow = wf_ptr + row * NF * NT
+    wirow = wi_ptr + row * NI * NT
+
+    T = _param(temp_ptr, temp_s, row, TEMP_T)
+    rep = _param(rep_ptr, rep_s, row, REP_T)
+    pres = _param(pres_ptr, pres_s, row, PRES_T)
+    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
+    p = _param(topp_ptr, topp_s, row, TOPP_T)
+    minp = _param(minp_ptr, minp_s, row, MINP_T)
+    greedy = T == 0.0
+    bad = _bad_row(T, rep, pres, freq) | (k < 0)
+    bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~((minp >= 0.0) & (minp <= 1.0)))
+    tdiv = tl.where(greedy | bad, 1.0, T)
+
+    # ---- merge the block partials, in block order ---------------------------------------------
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
+    z_t = tl.load(wfrow + F_Z * NT + tt, mask=tin, other=0.0)
+    M = tl.max(m_t, axis=0)
+    Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
+    lmin = tl.min(tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf")), axis=0)
+    G = tl.max(tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")), axis=0)
+    xpmax_t = tl.load(wfrow + F_XPMAX * NT + tt, mask=tin, other=float("-inf"))
+    xpmax = tl.max(xpmax_t, axis=0)
+    gidx_t = tl.load(wirow + I_GIDX * NT + tt, mask=tin, other=2147483647)
+    gidx = tl.min(tl.where(xpmax_t == xpmax, gidx_t, 2147483647), axis=0).to(tl.int64)
+    nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
+    npos = tl.sum(tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0), axis=0)
+    nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
+    ncand = tl.sum(tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0), axis=0)
+
+    posinf = npos > 0
+    valid = (nnan == 0) & (nfin + npos > 0) & (~bad)
+    sampling = valid & (~greedy)
+    k_act = tl.zeros([], dtype=tl.int1)
+    p_act = tl.zeros([], dtype=tl.int1)
+    if HAS_TOPK:
+        k_act = sampling & (k > 0) & (k < nfin)
+    if HAS_TOPP:
+        p_act = sampling & (p < 1.0)
+    if not HAS_MINP:
+        minp = minp * 0.0
+
+    # ---- thresholds on the candidates ---------------------------------------------------------
+    exact = sampling & (~posinf)
+    tau = tl.full([], float("-inf"), tl.float32)
+    zk = Z
+    if exact:
+        cmin = tl.full([], float("inf"), tl.float32)
+        cmass = tl.zeros([], tl.float32)
+        for b0 in range(0, NT * KT, CB):
+            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
+            cmin = tl.minimum(cmin, tl.min(tl.where(ok, x, float("inf")), axis=0))
+            cmass += tl.sum(tl.where(ok, tl.exp(x - M), 0.0), axis=0)
+        complete = G == float("-inf")
+        if k_act:
+            tau, zk = _cand_search(cv_ptr, wirow, row, NT, M, cmin, M, cmass, k.to(tl.float32),
+                                   True, KT, CB, NPIV, MAX_ROUNDS)
+            exact = exact & (ncand >= k) & (tau > G)
+        if p_act & exact:
+            lo = tl.where(k_act, tau, cmin)
+            lo_mass = tl.where(k_act, zk, cmass)
+            target = p * zk
+            tau, zk = _cand_search(cv_ptr, wirow, row, NT, M, lo, M, lo_mass, target,
+                                   False, KT, CB, NPIV, MAX_ROUNDS)
+            exact = exact & ((lo_mass >= target) | complete) & (tau > G)
+        if (~k_act) & (~p_act):
+            exact = exact & (complete | (tl.exp(G - M) < minp))
+
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+    z_f = tl.zeros([], tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    bidx = row * 0 - 1
+    bx = tl.zeros([], tl.float32)
+    if exact:
+        for b0 in range(0, NT * KT, CB):
+            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
+            e = tl.exp(x - M)
+            keep = ok & (x >= tau) & (e >= minp)
+            z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
+            if not WRITE_PROBS:
+                ids = tl.load(ci_ptr + slot, mask=ok, other=0)
+                score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
+                tb = tl.max(score, axis=0)
+                ti = tl.argmax(score, 0, tie_break_left=True)
+                hit = tl.arange(0, CB) == ti
+                upd = tb > best
+                bidx = tl.where(upd, tl.sum(tl.where(hit, ids, 0), axis=0).to(tl.int64), bidx)
+                bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
+                best = tl.maximum(best, tb)
+
+    # ---- exact fallback over the row ----------------------------------------------------------
+    fallback = sampling & (~exact)
+    if fallback:
+        M = tl.where(posinf, 0.0, M)
+        tau = tl.where(posinf, 0.0, lmin)
+        zk = Z
+        if k_act & (~posinf):
+            tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lmin, M, Z,
+                                  k.to(tl.float32), True, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
+                                  HAS_REP, HAS_PF)
+        if p_act & (~posinf):
+            tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, tau, M, zk,
+                                  p * zk, False, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
+                                  HAS_REP, HAS_PF)
+        for t in range(0, NT):
+            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            x = _tempered(xp, tdiv, posinf, xpmax)
+            e = tl.exp(x - M)
+            keep = inb & (x >= tau) & (e >= minp)
+            z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
+            if not WRITE_PROBS:
+                score = tl.where(keep, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
+                tb = tl.max(score, axis=0)
+                ti = tl.argmax(score, 0, tie_break_left=True)
+                upd = tb > best
+                bidx = tl.where(upd, tl.cast(t, tl.int64) * TILE + ti.to(tl.int64), bidx)
+                bx = tl.where(upd, tl.max(tl.where(tl.arange(0, TILE) == ti, x, float("-inf")),
+                                          axis=0), bx)
+                best = tl.maximum(best, tb)
+
+    if WRITE_PROBS:
+        tl.store(sf_ptr + row * NS + S_M, M)
+        tl.store(sf_ptr + row * NS + S_TAU, tau)
+        tl.store(sf_ptr + row * NS + S_ZF, z_f)
+        tl.store(sf_ptr + row * NS + S_XPMAX, xpmax)
+        flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * posinf.to(tl.int32)
+        tl.store(si_ptr + row * 2, flags)
+        tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
+    else:
+        tok = tl.where(greedy, gidx, bidx)
+        tok = tl.where(valid, tok, -1)
+        lp = tl.where(greedy, 0.0, (bx - M) - tl.log(z_f))
+        lp = tl.where(valid, lp, float("-inf"))
+        tl.store(tok_ptr + row, tok)
+        tl.store(logp_ptr + row, lp)
+
+
+@triton.jit(do_not_specialize=["TPC"])
+def _write_probs_kernel(
+    logits_ptr, stride_lb, V, NT, TPC,
+    edits_ptr, stride_eb, bnd_ptr,
+    temp_ptr, temp_s, minp_ptr, minp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+    sf_ptr, si_ptr, probs_ptr, stride_pb,
+    TEMP_T: tl.constexpr, MINP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr,
+    FREQ_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+):
+    """The distribution: probs_i = [kept_i] e^(x_i - M) / Z_f; one-hot for greedy rows, zeros
+    for invalid ones. Grid (B, C) like the statistics kernel; a second read of the logits."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    lrow = logits_ptr + row * stride_lb
+    erow = edits_ptr + row * stride_eb
+    brow = bnd_ptr + row * 2 * NT
+    prow = probs_ptr + row * stride_pb
+    T = _param(temp_ptr, temp_s, row, TEMP_T)
+    rep = _param(rep_ptr, rep_s, row, REP_T)
+    pres = _param(pres_ptr, pres_s, row, PRES_T)
+    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    minp = _param(minp_ptr, minp_s, row, MINP_T)
+    if not HAS_MINP:
+        minp = minp * 0.0
+    tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
+    M = tl.load(sf_ptr + row * NS + S_M)
+    tau = tl.load(sf_ptr + row * NS + S_TAU)
+    inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)
+    xpmax = tl.load(sf_ptr + row * NS + S_XPMAX)
+    flags = tl.load(si_ptr + row * 2)
+    gidx = tl.load(si_ptr + row * 2 + 1).to(tl.int64)
+    valid = (flags & 1) != 0
+    sampling = (flags & 2) != 0
+    posinf = (flags & 4) != 0
+    t_end = tl.minimum(c * TPC + TPC, NT)
+    for t in range(c * TPC, t_end):
+        offs = tl.cast(t, tl.int64) * TILE + tl.arange(0, TILE).to(tl.int64)
+        inb = offs < V
+        if sampling:
+            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            x = _tempered(xp, tdiv, posinf, xpmax)
+            e = tl.exp(x - M)
+            keep = (x >= tau) & (e >= minp)
+            pr = tl.where(keep, e * inv_z, 0.0)
+        else:
+            pr = tl.where(valid & (offs == gidx), 1.0, 0.0)
+        tl.store(prow + offs, pr, mask=inb)

@@ -1,0 +1,96 @@
+"""Stage 1: one read of the logits. Per statistics block: partial statistics and candidates.
+
+Grid (B, C): program (row, c) owns the blocks [c * TPC, (c + 1) * TPC) of its row, each TILE
+tokens wide. Everything it writes is per *block*, never per program, so what lands in the
+workspace does not depend on the chunk count C (the merge then reduces blocks in index order).
+
+Per block t (finite = not NaN, not +-inf):
+    m_t, z_t      max finite x and sum exp(x - m_t)           (online softmax partials)
+    lo_t          min finite x                                 (bracket for the fallback search)
+    xpmax_t, i_t  max xp over non-NaN and its first index       (greedy; the overflow rule)
+    nfin, n+inf, nnan   counts
+    candidates    the block's top finite values and their ids, at most KT of them:
+                  bin_i = min(floor((m_t - x_i) / BIN_W), NBINS - 1) (monotone in x), keep the
+                  longest prefix of bins whose count is <= KT. Stored in id order.
+    g_t           max finite x *not* stored (-inf if every finite value is a candidate)
+
+Safety (used by the merge): every finite x > G = max_t g_t is a candidate, so any threshold
+tau > G computed on the candidates alone is exact. A block with more than KT values tied at
+its max stores nothing (g_t = m_t): flat and tie-heavy rows go to the exact fallback.
+
+Reads: the block (V * s bytes per row in all) and its own history edits; writes 9 words of
+statistics per block plus 8 bytes per candidate.
+"""
+import triton
+import triton.language as tl
+
+from .common import _bad_row, _param, _penalised_tile
+
+# workspace field order (float32 [B, 5, NT] and int32 [B, 5, NT])
+F_M, F_Z, F_LO, F_XPMAX, F_G = (tl.constexpr(i) for i in range(5))
+I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_GIDX = (tl.constexpr(i) for i in range(5))
+NF = tl.constexpr(5)
+NI = tl.constexpr(5)
+
+
+@triton.jit(do_not_specialize=["TPC"])
+def _stats_kernel(
+    logits_ptr, stride_lb, V, NT, TPC,
+    edits_ptr, stride_eb, bnd_ptr,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+    wf_ptr, wi_ptr, cv_ptr, ci_ptr,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NBINS: tl.constexpr,
+    INV_BIN_W: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    lrow = logits_ptr + row * stride_lb
+    erow = edits_ptr + row * stride_eb
+    brow = bnd_ptr + row * 2 * NT
+    wfrow = wf_ptr + row * NF * NT
+    wirow = wi_ptr + row * NI * NT
+
+    T = _param(temp_ptr, temp_s, row, TEMP_T)
+    rep = _param(rep_ptr, rep_s, row, REP_T)
+    pres = _param(pres_ptr, pres_s, row, PRES_T)
+    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
+
+    lane = tl.arange(0, TILE)
+    t_end = tl.minimum(c * TPC + TPC, NT)
+    for t in range(c * TPC, t_end):
+        offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                        TILE, E_BLOCK, HAS_REP, HAS_PF)
+        x = xp / tdiv
+        isnan = xp != xp
+        xg = tl.where(isnan, float("-inf"), xp)
+        xpmax = tl.max(xg, axis=0)
+        gidx = t * TILE + tl.argmax(xg, 0, tie_break_left=True)
+        fin = (x > float("-inf")) & (x < float("inf"))
+        m = tl.max(tl.where(fin, x, float("-inf")), axis=0)
+        z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
+        lo = tl.min(tl.where(fin, x, float("inf")), axis=0)
+
+        d = tl.minimum((m - x) * INV_BIN_W, NBINS - 1)
+        b = tl.where(fin, d, NBINS - 1).to(tl.int32)
+        hist = tl.histogram(b, NBINS, mask=fin)
+        nb = tl.sum((tl.cumsum(hist, 0) <= KT).to(tl.int32), axis=0)
+        keep = fin & (b < nb)
+        pos = tl.cumsum(keep.to(tl.int32), 0) - 1
+        cbase = (row * NT + t) * KT
+        tl.store(cv_ptr + cbase + pos, x, mask=keep)
+        tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
+        g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
+
+        tl.store(wfrow + F_M * NT + t, m)
+        tl.store(wfrow + F_Z * NT + t, z)
+        tl.store(wfrow + F_LO * NT + t, lo)
+        tl.store(wfrow + F_XPMAX * NT + t, xpmax)
+        tl.store(wfrow + F_G * NT + t, g)
+        tl.store(wirow + I_NFIN * NT + t, tl.sum(fin.to(tl.int32), axis=0))
+        tl.store(wirow + I_NPOS * NT + t, tl.sum((x == float("inf")).to(tl.int32), axis=0))
+        tl.store(wirow + I_NNAN * NT + t, tl.sum(isnan.to(tl.int32), axis=0))
+        tl.store(wirow + I_NCAND * NT + t, tl.sum(keep.to(tl.int32), axis=0))
+        tl.store(wirow + I_GIDX * NT + t, gidx.to(tl.int32))
