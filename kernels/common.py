@@ -125,10 +125,10 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
 
 
 @triton.jit
-def _tempered(xp, tdiv, posinf_row, xpmax):
-    """x = xp / T; a row whose x overflows keeps its xp argmax tie group (x = 0, rest -inf)."""
+def _tempered(xp, tdiv, ovf_row, xpmax):
+    """x = xp / T; an overflowed row keeps its xp argmax tie group (x = 0, rest -inf)."""
     x = xp / tdiv
-    return tl.where(posinf_row, tl.where(xp == xpmax, 0.0, float("-inf")), x)
+    return tl.where(ovf_row, tl.where(xp == xpmax, 0.0, float("-inf")), x)
 
 
 # ---- the pivot search, shared by the candidate search (merge) and the row search (fallback) --

@@ -139,8 +139,10 @@ def _merge_kernel(
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
     ncand = tl.sum(tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0), axis=0)
 
-    posinf = npos > 0
-    valid = (nnan == 0) & (nfin + npos > 0) & (~bad)
+    # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
+    # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
+    ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
+    valid = (nnan == 0) & (xpmax > float("-inf")) & (~bad)
     sampling = valid & (~greedy)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
@@ -152,7 +154,7 @@ def _merge_kernel(
         minp = minp * 0.0
 
     # ---- thresholds on the candidates ---------------------------------------------------------
-    exact = sampling & (~posinf)
+    exact = sampling & (~ovf)
     tau = tl.full([], float("-inf"), tl.float32)
     zk = Z
     if exact:
@@ -202,21 +204,21 @@ def _merge_kernel(
     # ---- exact fallback over the row ----------------------------------------------------------
     fallback = sampling & (~exact)
     if fallback:
-        M = tl.where(posinf, 0.0, M)
-        tau = tl.where(posinf, 0.0, lmin)
+        M = tl.where(ovf, 0.0, M)
+        tau = tl.where(ovf, 0.0, lmin)
         zk = Z
-        if k_act & (~posinf):
+        if k_act & (~ovf):
             tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lmin, M, Z,
                                   k.to(tl.float32), True, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
                                   HAS_REP, HAS_PF)
-        if p_act & (~posinf):
+        if p_act & (~ovf):
             tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, tau, M, zk,
                                   p * zk, False, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
                                   HAS_REP, HAS_PF)
         for t in range(0, NT):
             offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
                                             TILE, E_BLOCK, HAS_REP, HAS_PF)
-            x = _tempered(xp, tdiv, posinf, xpmax)
+            x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
             keep = inb & (x >= tau) & (e >= minp)
             z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
@@ -235,7 +237,7 @@ def _merge_kernel(
         tl.store(sf_ptr + row * NS + S_TAU, tau)
         tl.store(sf_ptr + row * NS + S_ZF, z_f)
         tl.store(sf_ptr + row * NS + S_XPMAX, xpmax)
-        flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * posinf.to(tl.int32)
+        flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * ovf.to(tl.int32)
         tl.store(si_ptr + row * 2, flags)
         tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
     else:
@@ -281,7 +283,7 @@ def _write_probs_kernel(
     gidx = tl.load(si_ptr + row * 2 + 1).to(tl.int64)
     valid = (flags & 1) != 0
     sampling = (flags & 2) != 0
-    posinf = (flags & 4) != 0
+    ovf = (flags & 4) != 0
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
         offs = tl.cast(t, tl.int64) * TILE + tl.arange(0, TILE).to(tl.int64)
@@ -289,7 +291,7 @@ def _write_probs_kernel(
         if sampling:
             offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
                                             TILE, E_BLOCK, HAS_REP, HAS_PF)
-            x = _tempered(xp, tdiv, posinf, xpmax)
+            x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
             keep = (x >= tau) & (e >= minp)
             pr = tl.where(keep, e * inv_z, 0.0)

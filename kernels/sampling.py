@@ -109,11 +109,13 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if has_rep or has_pf:
         ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
         L = ids.shape[1]
+        e_block = max(32, min(256, _next_pow2(triton.cdiv(L, NT))))  # ~ one block's edits
         edits = _workspace((B, L), torch.int32, dev)
         bnd = _workspace((B, 2, NT), torch.int32, dev)
         _bucket_history_kernel[(B,)](
             ids, ids.stride(0), L, plen_p, int(plen_s), edits, bnd, NT,
-            PLEN_T=flags[0], TILE=TILE, L_BLOCK=16, NT_P2=g["NT_P2"], num_warps=4)
+            PLEN_T=flags[0], TILE=TILE, L_BLOCK=max(16, min(256, 4096 // g["NT_P2"])),
+            NT_P2=g["NT_P2"], num_warps=4)
         stride_eb = L
     else:
         edits = bnd = dummy

@@ -1,0 +1,167 @@
+"""Exact memory traffic of the Triton sampling path, counted under the interpreter (no GPU).
+
+Every masked tl.load / tl.store the kernels issue is recorded by address (lanes whose mask is
+off are not counted) and attributed to a tensor: the logits, the history ids, the workspace
+(the launcher's scratch buffers), the outputs, or the per-row parameters. Per case it prints
+the passes over the logits (bytes loaded from the logits / logits bytes), history and workspace
+bytes per row, programs per row and launches.
+
+The interpreter runs programs one after another (30-100 ms each), so each case runs
+``--rows`` rows (default 2) with the launch geometry of the real batch (the stage-1 chunk count
+chosen for B rows) and scales the per-row bytes; rows are exchangeable N(0, 3^2) logits.
+
+    python bench/traffic.py                         # the kernels of this checkout
+    python bench/traffic.py --kernels /tmp/old/kernels --label old   # another copy of kernels/
+"""
+import argparse
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from triton.runtime import interpreter as ti  # noqa: E402
+
+CASES = [(1, 32000), (1, 128256), (8, 128256), (64, 128256), (256, 151936)]
+FULL = dict(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2)
+TOP_P = dict(temperature=0.7, top_p=0.9)
+
+
+class Counter:
+    """Bytes by (launch, tensor kind), from the interpreter's load/store entry points."""
+
+    def __init__(self):
+        self.ranges = []  # (start, end, kind)
+        self.launches = []  # (kernel name, grid)
+        self.bytes = {}  # (launch, kind, "load"/"store") -> bytes
+
+    def tag(self, t, kind):
+        n = t.untyped_storage().nbytes()
+        p = t.untyped_storage().data_ptr()
+        self.ranges.append((p, p + n, kind))
+
+    def kind_of(self, addrs):
+        kinds = np.full(addrs.shape, "param", dtype=object)
+        for lo, hi, kind in self.ranges:
+            kinds[(addrs >= lo) & (addrs < hi)] = kind
+        return kinds
+
+    def record(self, ptrs, mask, op):
+        addrs = np.asarray(ptrs.data, dtype=np.uint64)
+        m = np.broadcast_to(np.asarray(mask.data, dtype=bool), addrs.shape)
+        addrs = addrs[m]
+        if addrs.size == 0:
+            return
+        size = np.dtype(ti._get_np_dtype(ptrs.get_element_ty())).itemsize
+        kinds = self.kind_of(addrs)
+        launch = len(self.launches) - 1
+        for kind in set(kinds.tolist()):
+            key = (launch, kind, op)
+            self.bytes[key] = self.bytes.get(key, 0) + int((kinds == kind).sum()) * size
+
+    def install(self):
+        b = ti.InterpreterBuilder
+        load, store, call = b.create_masked_load, b.create_masked_store, ti.GridExecutor.__call__
+        counter = self
+
+        def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+            counter.record(ptrs, mask, "load")
+            return load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+        def masked_store(self, ptrs, value, mask, cache_policy):
+            counter.record(ptrs, mask, "store")
+            return store(self, ptrs, value, mask, cache_policy)
+
+        def run(self, *args, **kwargs):
+            counter.launches.append((self.fn.__name__, self.grid))
+            return call(self, *args, **kwargs)
+
+        b.create_masked_load, b.create_masked_store, ti.GridExecutor.__call__ = (
+            masked_load, masked_store, run)
+
+    def total(self, kind, op=None):
+        return sum(v for (_, k, o), v in self.bytes.items() if k == kind and (op is None or o == op))
+
+
+def load_kernels(path):
+    if path is None:
+        return importlib.import_module("gpu_sampler.kernels")
+    parent, name = os.path.split(os.path.abspath(path))
+    sys.path.insert(0, parent)
+    return importlib.import_module(name)
+
+
+def measure(mod, B, V, L, kw, rows, seed=0):
+    """Counter for one call on `rows` rows with the geometry of B rows."""
+    ks = mod.sampling
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, V, generator=gen) * 3
+    ids = torch.randint(0, V, (rows, L), generator=gen) if L else None
+    c = Counter()
+    c.tag(logits, "logits")
+    if ids is not None:
+        c.tag(ids, "history")
+    extra = {}
+    if hasattr(ks, "plan"):
+        extra["chunks"] = ks.plan(B, V)["C"]
+    saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace") if hasattr(ks, n)}
+
+    def tagged(orig, kind):
+        def alloc(shape, dtype, device):
+            t = orig(shape, dtype, device)
+            c.tag(t, kind)
+            return t
+        return alloc
+
+    for n, f in saved.items():
+        setattr(ks, n, tagged(f, "outputs" if n == "_alloc" else "workspace"))
+    try:
+        c.install()
+        mod.fused_sample(logits, input_ids=ids, seed=1, offset=0, **kw, **extra)
+    finally:
+        for n, f in saved.items():
+            setattr(ks, n, f)
+    return c
+
+
+def programs_per_row(c, rows):
+    per = 0
+    for name, grid in c.launches:
+        g = tuple(grid) + (1, 1)
+        per = max(per, g[0] * g[1] * g[2] // rows)
+    return per
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernels", default=None, help="a kernels/ package folder (default: ours)")
+    ap.add_argument("--label", default="this checkout")
+    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--cases", default=None, help="e.g. 1,32000;64,128256")
+    a = ap.parse_args(argv)
+    mod = load_kernels(a.kernels)
+    cases = CASES if a.cases is None else [tuple(map(int, s.split(","))) for s in a.cases.split(";")]
+    base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
+            ti.GridExecutor.__call__)
+    print(f"# traffic of {a.label}: interpreter runs {a.rows} rows per case, bytes per row")
+    print("| B | V | config | L | passes over logits | history B/row | workspace B/row "
+          "(ld+st) | programs/row | launches |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for B, V in cases:
+        for name, kw, L in (("rp1.2 T0.7 k50 p0.9", FULL, 128), ("rp1.2 T0.7 k50 p0.9", FULL, 4096),
+                            ("T0.7 p0.9", TOP_P, 0)):
+            rows = min(B, a.rows)
+            c = measure(mod, B, V, L, kw, rows)
+            (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
+             ti.GridExecutor.__call__) = base
+            passes = c.total("logits", "load") / (rows * V * 4)
+            hist = c.total("history") / rows
+            ws = c.total("workspace") / rows
+            print(f"| {B} | {V} | {name} | {L} | {passes:.3f} | {hist:,.0f} | {ws:,.0f} | "
+                  f"{programs_per_row(c, rows)} | {len(c.launches)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
