@@ -1,4 +1,4 @@
-"""Compile the fused kernel for a CUDA target on a machine without a GPU.
+"""Compile the sampling kernels for a CUDA target on a machine without a GPU.
 
 The Triton interpreter (how the kernel is tested on CPU) does not type-check like the compiler:
 this runs the real pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the ptxas that ships in
@@ -17,28 +17,41 @@ import tempfile
 PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr": "*fp32",
        "topk_ptr": "*i64", "topp_ptr": "*fp32", "minp_ptr": "*fp32", "rep_ptr": "*fp32",
        "pres_ptr": "*fp32", "freq_ptr": "*fp32", "seed_ptr": "*i64", "off_ptr": "*i64",
-       "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32"}
+       "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32", "edits_ptr": "*i32",
+       "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cv_ptr": "*fp32",
+       "ci_ptr": "*i32", "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
+       "is_ptr": "*i32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s"}
+PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
+               FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True)
+# the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
+GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=16, MAX_ROUNDS=64,
+            NBINS=512, INV_BIN_W=16.0, L_BLOCK=32, NB=256, INV_W=16.0, LB_BLOCK=256)
 
 
-def compile_variant(arch=90, num_warps=8, logits_dtype="fp32", **flags):
-    """Compile one constexpr variant; returns the CompiledKernel (asm has 'ptx' and 'cubin')."""
+def _kernel(name):
+    from . import history, merge, stats
+    return {"history": history._bucket_history_kernel, "stats": stats._stats_kernel,
+            "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel}[name]
+
+
+def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", **flags):
+    """Compile one constexpr variant of one kernel; returns the CompiledKernel (asm has 'ptx'
+    and 'cubin'). Flags default to scalar parameters, top-k + top-p + repetition penalty."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile (the interpreter is active)")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .sampling import _fused_sample_kernel as kernel
-
-    consts = dict(TEMP_T=False, TOPK_T=False, TOPP_T=False, MINP_T=False, REP_T=False,
-                  PRES_T=False, FREQ_T=False, PLEN_T=False, SEED_T=False, OFF_T=False,
-                  HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
-                  WRITE_PROBS=False, TILE=1024, L_BLOCK=128, NPIV=16, MAX_ROUNDS=64)
+    fn = _kernel(kernel)
+    consts = {n: False for n in PER_ROW}
+    consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
+                  WRITE_PROBS=False, **GEOM)
     consts.update(flags)
     sig, constexprs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
+    for i, name in enumerate(fn.arg_names):
         if name in PTR:
             sig[name] = PTR[name] if name != "logits_ptr" else "*" + logits_dtype
         elif name in I64:
@@ -50,7 +63,7 @@ def compile_variant(arch=90, num_warps=8, logits_dtype="fp32", **flags):
             constexprs[(i,)] = consts[name]
         else:
             sig[name] = "i32"
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
 
 
@@ -77,20 +90,25 @@ def ptxas_usage(ptx, arch=90):
 
 
 VARIANTS = {
-    "topk+topp+rep": dict(),
-    "all-per-row+minp+pf": dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True,
-                                PRES_T=True, FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True,
-                                HAS_MINP=True, HAS_PF=True),
-    "distribution": dict(WRITE_PROBS=True, HAS_MINP=True),
-    "plain-bf16": dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False, logits_dtype="bf16"),
+    # name: (kernel, flags); the sampling path is history -> stats -> merge
+    "history": ("history", dict(num_warps=4)),
+    "stats:rep": ("stats", dict()),
+    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True)),
+    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16")),
+    "merge:topk+topp+rep": ("merge", dict()),
+    "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True)),
+    "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
+                                       logits_dtype="bf16")),
+    "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True)),
+    "write_probs": ("write_probs", dict(HAS_MINP=True)),
 }
 
 
 def main(argv=None):
     names = (argv if argv is not None else sys.argv[1:]) or list(VARIANTS)
     for name in names:
-        flags = dict(VARIANTS[name])
-        ck = compile_variant(**flags)
+        kernel, flags = VARIANTS[name]
+        ck = compile_variant(kernel, **flags)
         usage = ptxas_usage(ck.asm["ptx"])
         extra = f"{usage[0]} registers, {usage[1]} bytes spilled" if usage else "ptxas -v unavailable"
         print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}")

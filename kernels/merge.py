@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .common import (_bad_row, _gumbel, _param, _penalised_tile, _pivot_init, _pivot_partials,
                      _pivot_update, _pivots, _row_key, _tempered)
-from .stats import F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NCAND, I_NFIN, I_NNAN, I_NPOS, NF, NI
+from .stats import F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NFIN, I_NNAN, I_NPOS, NF, NI
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 4], int32 [B, 2])
 S_M, S_TAU, S_ZF, S_XPMAX = (tl.constexpr(i) for i in range(4))
@@ -28,30 +28,53 @@ NS = tl.constexpr(4)
 
 
 @triton.jit
-def _cand_block(cv_ptr, wirow, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr):
-    """CB candidate slots from flat slot b0: (slot offsets, written mask, x). Slots past a
-    block's candidate count were never written and are never read."""
+def _slot_block(cv_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr):
+    """CB per-block candidate slots from flat slot b0: (slot offsets, candidate mask, x).
+    Stage 1 writes every slot (-inf past a block's candidates)."""
     idx = b0 + tl.arange(0, CB).to(tl.int64)
-    t = idx // KT
-    n = tl.load(wirow + I_NCAND * NT + t, mask=t < NT, other=0)
-    ok = (idx % KT) < n
     slot = row * NT * KT + idx
-    x = tl.load(cv_ptr + slot, mask=ok, other=float("-inf"))
-    return slot, ok, x
+    x = tl.load(cv_ptr + slot, mask=idx < NT * KT, other=float("-inf"))
+    return slot, x > float("-inf"), x
 
 
 @triton.jit
-def _cand_search(cv_ptr, wirow, row, NT, M, lo, pv, lo_mass, target,
-                 USE_COUNT: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
+def _list_block(xs_ptr, base, n, b0, CB: tl.constexpr):
+    """CB entries of the row's compacted candidate list (n entries from base)."""
+    idx = b0 + tl.arange(0, CB)
+    ok = idx < n
+    x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
+    return base + idx, ok, x
+
+
+@triton.jit
+def _prune_bound(hist, M, k, target, k_act, p_act, NB: tl.constexpr, INV_W: tl.constexpr):
+    """A value LB <= the final threshold, from a count histogram of the candidates over bins
+    (M - x) * INV_W in [i, i + 1). Bin i's values are >= M - (i + 1) / INV_W (up to rounding,
+    hence one bin of slack), so W(M - (j + 2) / INV_W) >= sum_{i <= j} count_i (top-k) and
+    >= sum_{i <= j} count_i exp(-(i + 2) / INV_W) (mass, top-p): the first bin j where that
+    reaches the target gives LB. Candidates are a subset of the row, so both are lower bounds
+    of the row's W; the last bin is open-ended (no bound)."""
+    i = tl.arange(0, NB)
+    jk = tl.sum((tl.cumsum(hist, 0) < k).to(tl.int32), axis=0)
+    wl = hist.to(tl.float32) * tl.exp(-(i + 2).to(tl.float32) / INV_W)
+    jp = tl.sum((tl.cumsum(wl, 0) < target).to(tl.int32), axis=0)
+    j = tl.where(k_act, jk, jp)
+    ok = (k_act | p_act) & (j < NB - 1)
+    return tl.where(ok, M - (j + 2).to(tl.float32) / INV_W, float("-inf"))
+
+
+@triton.jit
+def _cand_search(xs_ptr, base, n, M, lo, pv, lo_mass, target,
+                 USE_COUNT: tl.constexpr, CB: tl.constexpr,
                  NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    """tau = max{t : W(t) >= target} over the candidates (W = count or mass of x >= t).
-    Needs W(lo) >= target; returns (tau, W_mass(tau))."""
+    """tau = max{t : W(t) >= target} over the compacted candidates (W = count or mass of
+    x >= t). Needs W(lo) >= target; returns (tau, W_mass(tau))."""
     rounds = tl.zeros([], tl.int32)
     while (lo < pv) & (rounds < MAX_ROUNDS):
         piv = _pivots(lo, pv, NPIV)
         cnt, mass, nxt, prv = _pivot_init(NPIV)
-        for b0 in range(0, NT * KT, CB):
-            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
+        for b0 in range(0, n, CB):
+            slot, ok, x = _list_block(xs_ptr, base, n, b0, CB)
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
                                                   USE_COUNT)
         lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
@@ -89,7 +112,7 @@ def _merge_kernel(
     temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s,
     rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     seed_ptr, seed_s, off_ptr, off_s,
-    wf_ptr, wi_ptr, cv_ptr, ci_ptr,
+    wf_ptr, wi_ptr, cv_ptr, ci_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
@@ -98,6 +121,7 @@ def _merge_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, WRITE_PROBS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+    NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
 ):
     """Reads 10 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
@@ -137,7 +161,6 @@ def _merge_kernel(
     nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
     npos = tl.sum(tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0), axis=0)
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
-    ncand = tl.sum(tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0), axis=0)
 
     # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
     # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
@@ -157,24 +180,45 @@ def _merge_kernel(
     exact = sampling & (~ovf)
     tau = tl.full([], float("-inf"), tl.float32)
     zk = Z
+    base = row * NT * KT
+    n_c = tl.zeros([], tl.int32)
     if exact:
+        # a bound LB <= tau from a histogram of the candidates, then the candidates >= LB
+        # compacted (slot order) into the row's list: the searches and the draw scan only it
+        hist = tl.zeros([NB], dtype=tl.int32)
+        # k distinct blocks have a max >= the k-th largest block max: a free bound on tau_k
+        m_sorted = tl.sort(m_t, descending=True)
+        LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
+        use_lbk = k_act & (k <= NT)
+        if (k_act | p_act) & (~use_lbk):
+            for b0 in range(0, NT * KT, CB):
+                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB)
+                d = tl.minimum((M - x) * INV_W, NB - 1)
+                hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
+        LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
+        LB = tl.where(use_lbk, LBk, LB)
         cmin = tl.full([], float("inf"), tl.float32)
         cmass = tl.zeros([], tl.float32)
         for b0 in range(0, NT * KT, CB):
-            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
-            cmin = tl.minimum(cmin, tl.min(tl.where(ok, x, float("inf")), axis=0))
-            cmass += tl.sum(tl.where(ok, tl.exp(x - M), 0.0), axis=0)
+            slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB)
+            sel = ok & (x >= LB)
+            pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(xs_ptr + base + pos, x, mask=sel)
+            tl.store(is_ptr + base + pos, tl.load(ci_ptr + slot, mask=sel, other=0), mask=sel)
+            n_c += tl.sum(sel.to(tl.int32), axis=0)
+            cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
+            cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
         complete = G == float("-inf")
         if k_act:
-            tau, zk = _cand_search(cv_ptr, wirow, row, NT, M, cmin, M, cmass, k.to(tl.float32),
-                                   True, KT, CB, NPIV, MAX_ROUNDS)
-            exact = exact & (ncand >= k) & (tau > G)
+            tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
+                                   True, LB_BLOCK, NPIV, MAX_ROUNDS)
+            exact = exact & (n_c >= k) & (tau > G)
         if p_act & exact:
             lo = tl.where(k_act, tau, cmin)
             lo_mass = tl.where(k_act, zk, cmass)
             target = p * zk
-            tau, zk = _cand_search(cv_ptr, wirow, row, NT, M, lo, M, lo_mass, target,
-                                   False, KT, CB, NPIV, MAX_ROUNDS)
+            tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
+                                   False, LB_BLOCK, NPIV, MAX_ROUNDS)
             exact = exact & ((lo_mass >= target) | complete) & (tau > G)
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
@@ -185,17 +229,17 @@ def _merge_kernel(
     bidx = row * 0 - 1
     bx = tl.zeros([], tl.float32)
     if exact:
-        for b0 in range(0, NT * KT, CB):
-            slot, ok, x = _cand_block(cv_ptr, wirow, row, NT, b0, KT, CB)
+        for b0 in range(0, n_c, LB_BLOCK):
+            slot, ok, x = _list_block(xs_ptr, base, n_c, b0, LB_BLOCK)
             e = tl.exp(x - M)
             keep = ok & (x >= tau) & (e >= minp)
             z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
             if not WRITE_PROBS:
-                ids = tl.load(ci_ptr + slot, mask=ok, other=0)
+                ids = tl.load(is_ptr + slot, mask=ok, other=0)
                 score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
                 tb = tl.max(score, axis=0)
                 ti = tl.argmax(score, 0, tie_break_left=True)
-                hit = tl.arange(0, CB) == ti
+                hit = tl.arange(0, LB_BLOCK) == ti
                 upd = tb > best
                 bidx = tl.where(upd, tl.sum(tl.where(hit, ids, 0), axis=0).to(tl.int64), bidx)
                 bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)

@@ -51,7 +51,7 @@ def _workspace(shape, dtype, device):
 
 def plan(B, V, *, tile=None, chunks=None, cand=None):
     """Static launch geometry for a (B, V) call: dict(TILE, NT, NT_P2, KT, CB, C, TPC)."""
-    tile = max(16, min(_next_pow2(V), 1024) if tile is None else int(tile))
+    tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
     nt = triton.cdiv(V, tile)
     kt = cand if cand is not None else min(tile, max(64, _next_pow2(triton.cdiv(MIN_CAPACITY, nt))))
     c = chunks if chunks is not None else max(1, triton.cdiv(TARGET_PROGRAMS, max(B, 1)))
@@ -125,6 +125,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     wi = _workspace((B, NI.value, NT), torch.int32, dev)
     cv = _workspace((B, NT, g["KT"]), torch.float32, dev)
     ci = _workspace((B, NT, g["KT"]), torch.int32, dev)
+    xs = _workspace((B, NT * g["KT"]), torch.float32, dev)
+    xi = _workspace((B, NT * g["KT"]), torch.int32, dev)
     if num_warps is None:
         num_warps = 8 if TILE >= 1024 else 4
     common = dict(TEMP_T=flags[1], REP_T=flags[5], PRES_T=flags[6], FREQ_T=flags[7],
@@ -147,10 +149,11 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
         rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cv, ci, tok, logp, sf, si,
+        wf, wi, cv, ci, xs, xi, tok, logp, sf, si,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
+        NB=256, INV_W=16.0, LB_BLOCK=256,
         num_warps=8 if TILE >= 1024 else 4, **common)
     if not write_probs:
         return tok, logp

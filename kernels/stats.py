@@ -11,7 +11,8 @@ Per block t (finite = not NaN, not +-inf):
     nfin, n+inf, nnan   counts
     candidates    the block's top finite values and their ids, at most KT of them:
                   bin_i = min(floor((m_t - x_i) / BIN_W), NBINS - 1) (monotone in x), keep the
-                  longest prefix of bins whose count is <= KT. Stored in id order.
+                  longest prefix of bins whose count is <= KT. Stored in id order; the rest
+                  of the block's KT value slots is -inf (every slot is written).
     g_t           max finite x *not* stored (-inf if every finite value is a candidate)
 
 Safety (used by the merge): every finite x > G = max_t g_t is a candidate, so any threshold
@@ -58,7 +59,6 @@ def _stats_kernel(
     freq = _param(freq_ptr, freq_s, row, FREQ_T)
     tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
 
-    lane = tl.arange(0, TILE)
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
         offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
@@ -66,8 +66,8 @@ def _stats_kernel(
         x = xp / tdiv
         isnan = xp != xp
         xg = tl.where(isnan, float("-inf"), xp)
-        xpmax = tl.max(xg, axis=0)
-        gidx = t * TILE + tl.argmax(xg, 0, tie_break_left=True)
+        xpmax, amax = tl.max(xg, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        gidx = t * TILE + amax
         fin = (x > float("-inf")) & (x < float("inf"))
         m = tl.max(tl.where(fin, x, float("-inf")), axis=0)
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
@@ -82,6 +82,12 @@ def _stats_kernel(
         cbase = (row * NT + t) * KT
         tl.store(cv_ptr + cbase + pos, x, mask=keep)
         tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
+        # four counts (each <= TILE <= 2048) in one reduction, 11 bits apiece
+        packed = tl.sum(fin.to(tl.int64) + ((x == float("inf")).to(tl.int64) << 11)
+                        + (isnan.to(tl.int64) << 22) + (keep.to(tl.int64) << 33), axis=0)
+        nkeep = ((packed >> 33) & 2047).to(tl.int32)
+        kl = tl.arange(0, KT)
+        tl.store(cv_ptr + cbase + kl, tl.full([KT], float("-inf"), tl.float32), mask=kl >= nkeep)
         g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
 
         tl.store(wfrow + F_M * NT + t, m)
@@ -89,8 +95,8 @@ def _stats_kernel(
         tl.store(wfrow + F_LO * NT + t, lo)
         tl.store(wfrow + F_XPMAX * NT + t, xpmax)
         tl.store(wfrow + F_G * NT + t, g)
-        tl.store(wirow + I_NFIN * NT + t, tl.sum(fin.to(tl.int32), axis=0))
-        tl.store(wirow + I_NPOS * NT + t, tl.sum((x == float("inf")).to(tl.int32), axis=0))
-        tl.store(wirow + I_NNAN * NT + t, tl.sum(isnan.to(tl.int32), axis=0))
-        tl.store(wirow + I_NCAND * NT + t, tl.sum(keep.to(tl.int32), axis=0))
+        tl.store(wirow + I_NFIN * NT + t, (packed & 2047).to(tl.int32))
+        tl.store(wirow + I_NPOS * NT + t, ((packed >> 11) & 2047).to(tl.int32))
+        tl.store(wirow + I_NNAN * NT + t, ((packed >> 22) & 2047).to(tl.int32))
+        tl.store(wirow + I_NCAND * NT + t, nkeep)
         tl.store(wirow + I_GIDX * NT + t, gidx.to(tl.int32))

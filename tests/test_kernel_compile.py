@@ -2,7 +2,7 @@
 
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
-process (without TRITON_INTERPRET) for the constexpr variants that matter.
+process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills.
 """
 import os
 import subprocess
@@ -18,5 +18,8 @@ def test_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-m", "gpu_sampler.kernels.aot"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    from gpu_sampler.kernels.aot import VARIANTS
     lines = [ln for ln in r.stdout.splitlines() if "sm_90 cubin" in ln]
-    assert len(lines) == 4, r.stdout
+    assert len(lines) == len(VARIANTS), r.stdout
+    spills = [ln for ln in lines if "registers" in ln and " 0 bytes spilled" not in ln]
+    assert not spills, spills
