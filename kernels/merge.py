@@ -197,8 +197,8 @@ def _merge_kernel(
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
-        cmin = tl.full([], float("inf"), tl.float32)
-        cmass = tl.zeros([], tl.float32)
+        vmin = tl.full([CB], float("inf"), tl.float32)
+        vmass = tl.zeros([CB], tl.float32)
         for b0 in range(0, NT * KT, CB):
             slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB)
             sel = ok & (x >= LB)
@@ -206,8 +206,10 @@ def _merge_kernel(
             tl.store(xs_ptr + base + pos, x, mask=sel)
             tl.store(is_ptr + base + pos, tl.load(ci_ptr + slot, mask=sel, other=0), mask=sel)
             n_c += tl.sum(sel.to(tl.int32), axis=0)
-            cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
-            cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
+            vmin = tl.minimum(vmin, tl.where(sel, x, float("inf")))
+            vmass += tl.where(sel, tl.exp(x - M), 0.0)
+        cmin = tl.min(vmin, axis=0)
+        cmass = tl.sum(vmass, axis=0)
         complete = G == float("-inf")
         if k_act:
             tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),

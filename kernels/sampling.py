@@ -134,7 +134,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cv, ci, KT=g["KT"], NBINS=512, INV_BIN_W=16.0, num_warps=num_warps, **common)
+        wf, wi, cv, ci, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps, **common)
 
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)

@@ -9,10 +9,10 @@ Per block t (finite = not NaN, not +-inf):
     lo_t          min finite x                                 (bracket for the fallback search)
     xpmax_t, i_t  max xp over non-NaN and its first index       (greedy; the overflow rule)
     nfin, n+inf, nnan   counts
-    candidates    the block's top finite values and their ids, at most KT of them:
-                  bin_i = min(floor((m_t - x_i) / BIN_W), NBINS - 1) (monotone in x), keep the
-                  longest prefix of bins whose count is <= KT. Stored in id order; the rest
-                  of the block's KT value slots is -inf (every slot is written).
+    candidates    the block's top finite values and their ids, at most KT of them: the
+                  values in the widest window [m_t - D0 * 2^j, m_t] (j < NWIN - 1; the last
+                  window is every finite value) that holds <= KT values, an upper set. Stored
+                  in id order; the rest of the block's KT value slots is -inf.
     g_t           max finite x *not* stored (-inf if every finite value is a candidate)
 
 Safety (used by the merge): every finite x > G = max_t g_t is a candidate, so any threshold
@@ -42,8 +42,8 @@ def _stats_kernel(
     wf_ptr, wi_ptr, cv_ptr, ci_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
-    TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NBINS: tl.constexpr,
-    INV_BIN_W: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
+    D0: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -73,11 +73,15 @@ def _stats_kernel(
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
         lo = tl.min(tl.where(fin, x, float("inf")), axis=0)
 
-        d = tl.minimum((m - x) * INV_BIN_W, NBINS - 1)
-        b = tl.where(fin, d, NBINS - 1).to(tl.int32)
-        hist = tl.histogram(b, NBINS, mask=fin)
-        nb = tl.sum((tl.cumsum(hist, 0) <= KT).to(tl.int32), axis=0)
-        keep = fin & (b < nb)
+        # windows [m - D_j, m], D_j = D0 * 2^j, the last one everything finite: keep the widest
+        # window holding <= KT values (none if more than KT lie within D0 of the max)
+        j = tl.arange(0, NWIN)
+        lim = tl.where(j < NWIN - 1, m - D0 * tl.exp2(j.to(tl.float32)), float("-inf"))
+        inwin = (x[:, None] >= lim[None, :]) & fin[:, None]
+        nsel = tl.sum((tl.sum(inwin.to(tl.int32), axis=0) <= KT).to(tl.int32), axis=0)
+        thr = tl.max(tl.where(j == nsel - 1, lim, float("-inf")), axis=0)
+        thr = tl.where(nsel == 0, float("inf"), thr)
+        keep = fin & (x >= thr)
         pos = tl.cumsum(keep.to(tl.int32), 0) - 1
         cbase = (row * NT + t) * KT
         tl.store(cv_ptr + cbase + pos, x, mask=keep)
