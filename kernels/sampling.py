@@ -128,7 +128,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     xs = _workspace((B, NT * g["KT"]), torch.float32, dev)
     xi = _workspace((B, NT * g["KT"]), torch.int32, dev)
     if num_warps is None:
-        num_warps = 8 if TILE >= 1024 else 4
+        num_warps = 4  # stage 1 is latency-bound per block: more resident programs per SM
     common = dict(TEMP_T=flags[1], REP_T=flags[5], PRES_T=flags[6], FREQ_T=flags[7],
                   HAS_REP=has_rep, HAS_PF=has_pf, TILE=TILE, E_BLOCK=e_block)
     _stats_kernel[(B, g["C"])](
