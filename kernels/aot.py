@@ -92,15 +92,15 @@ def ptxas_usage(ptx, arch=90):
 VARIANTS = {
     # name: (kernel, flags); the sampling path is history -> stats -> merge
     "history": ("history", dict(num_warps=4)),
-    "stats:rep": ("stats", dict()),
-    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True)),
-    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16")),
+    "stats:rep": ("stats", dict(num_warps=4)),
+    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4)),
+    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4)),
     "merge:topk+topp+rep": ("merge", dict()),
     "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True)),
     "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
                                        logits_dtype="bf16")),
     "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True)),
-    "write_probs": ("write_probs", dict(HAS_MINP=True)),
+    "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
 }
 
 

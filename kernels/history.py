@@ -35,7 +35,7 @@ def _bucket_history_kernel(ids_ptr, stride_ib, L, plen_ptr, plen_s, edits_ptr, b
         hoffs = h0 + tl.arange(0, L_BLOCK)
         hin = hoffs < L
         ids = tl.load(irow + hoffs, mask=hin, other=-1).to(tl.int64)
-        ok = hin & (ids >= 0)
+        ok = hin & (ids >= 0) & (ids < NT * TILE)  # ids >= V (check=False) touch nothing
         blk = tl.where(ok, ids // TILE, 0).to(tl.int32)
         count += tl.histogram(blk, NT_P2, mask=ok)
     cursor = tl.cumsum(count, 0) - count
@@ -47,7 +47,7 @@ def _bucket_history_kernel(ids_ptr, stride_ib, L, plen_ptr, plen_s, edits_ptr, b
         hoffs = h0 + tl.arange(0, L_BLOCK)
         hin = hoffs < L
         ids = tl.load(irow + hoffs, mask=hin, other=-1).to(tl.int64)
-        ok = hin & (ids >= 0)
+        ok = hin & (ids >= 0) & (ids < NT * TILE)  # ids >= V (check=False) touch nothing
         blk = tl.where(ok, ids // TILE, -1).to(tl.int32)
         onehot = (blk[:, None] == bins[None, :]).to(tl.int32)
         before = tl.cumsum(onehot, 0) - onehot
