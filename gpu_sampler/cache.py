@@ -223,6 +223,9 @@ class StaticKVLayer(CacheLayerMixin):
 class StaticSlidingKVLayer(StaticKVLayer):
     """A sliding-window layer: a ring buffer of ``window`` positions, each stored twice.
 
+    Keys/values are [B_max, H_kv, 2 * window, D]; only [.., window, D] when the window is at
+    least max_cache_len (it cannot wrap then; :meth:`grow` switches layouts).
+
     Same mask sizes as transformers' ``StaticSlidingWindowLayer``, so its masks apply as they are;
     the window is ``min(sliding_window, max_cache_len)``.
     """
@@ -237,15 +240,20 @@ class StaticSlidingKVLayer(StaticKVLayer):
     def window(self):
         return min(self.sliding_window, self.max_cache_len)
 
+    @property
+    def _doubled(self):
+        # A window of max_cache_len or more never wraps: a plain buffer of the window suffices.
+        return self.sliding_window < self.max_cache_len
+
     def _slots(self):
-        return 2 * self.window
+        return 2 * self.window if self._doubled else self.window
 
     def _write(self, start, key_states, value_states):
         """Store positions start .. start+n-1 (n <= window) at both of their ring slots."""
         b, n, w = key_states.shape[0], key_states.shape[-2], self.window
         s = start % w
         first = min(n, w - s)
-        for off in (0, w):
+        for off in ((0, w) if self._doubled else (0,)):
             self.keys[:b, :, off + s:off + s + first].copy_(key_states[:, :, :first])
             self.values[:b, :, off + s:off + s + first].copy_(value_states[:, :, :first])
             if first < n:
@@ -304,15 +312,16 @@ class StaticSlidingKVLayer(StaticKVLayer):
         self.cumulative_length = max_length
 
     def grow(self, max_cache_len):
-        old_w = self.window
+        old_slots = self._slots()
         self.max_cache_len = max_cache_len
         w = self.window
-        if not self.is_initialized or w == old_w:
+        if not self.is_initialized or self._slots() == old_slots:
             return
-        # A window smaller than sliding_window means max_cache_len bounded it, so the ring has
-        # not wrapped: positions 0..n-1 sit at slots 0..n-1 (and n-1+w of each half).
+        # The layout changes only while max_cache_len bounded the window, so the ring has not
+        # wrapped: positions 0..n-1 sit at slots 0..n-1 (and w..w+n-1 when doubled).
         n = self.cumulative_length
-        self._resize(2 * w, [((0, n), (0, n)), ((w, w + n), (0, n))])
+        copy = [((0, n), (0, n))] + ([((w, w + n), (0, n))] if self._doubled else [])
+        self._resize(self._slots(), copy)
 
 
 class StaticKVCache(Cache):
