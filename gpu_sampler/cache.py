@@ -449,6 +449,22 @@ class StaticKVCache(Cache):
         if input_len is not None and 0 < input_len <= self.get_seq_length():
             raise ValueError(self._reuse_message(input_len))
 
+    def attention_mask_length(self, query_length):
+        """Length of the 2-D attention mask to pass with a forward of `query_length` new tokens.
+
+        ``max_cache_len`` (a static shape; slots past the written ones are hidden by the causal
+        mask, so they may hold 1), except for caches whose layers return exactly the positions
+        seen (GPT-Neo local attention, Falcon ALiBi): cached positions + `query_length`. ALiBi
+        models build their bias from this mask, so it must have the keys' length.
+
+        Example
+        -------
+        >>> mask = full_mask[:, :cache.attention_mask_length(ids.shape[1])]  # doctest: +SKIP
+        """
+        if any(getattr(layer, "exact_length", False) for layer in self.layers):
+            return self.get_seq_length() + query_length
+        return self.max_cache_len
+
     def grow(self, max_cache_len):
         """Enlarge every full-attention layer to `max_cache_len` positions, in place.
 

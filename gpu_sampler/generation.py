@@ -327,7 +327,9 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         else:
             step = torch.compile(forward, fullgraph=False)
 
-    logits = forward(input_ids, attention_mask, position_ids).to(torch.float32, copy=True)
+    # [cache change] ALiBi models build their bias from this 2-D mask: it must have the keys' length.
+    logits = forward(input_ids, full_mask[:, :cache.attention_mask_length(L)],
+                     position_ids).to(torch.float32, copy=True)
     if use_compile:
         # The buffers are mutated in place by every step: a fixed address lets CUDA graphs
         # replay instead of being skipped for mutated inputs.
@@ -379,7 +381,9 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
             _raise_if_invalid(invalid)
             if not bool(unfinished.any()):
                 break
-        logits = step(tok[:, None], full_mask, next_pos[:, None]).to(torch.float32, copy=True)
+        n_mask = cache.attention_mask_length(1)  # [cache change] see the prefill call
+        mask = full_mask if n_mask == full_mask.shape[1] else full_mask[:, :n_mask]
+        logits = step(tok[:, None], mask, next_pos[:, None]).to(torch.float32, copy=True)
         next_pos = next_pos + 1
 
     _raise_if_invalid(invalid)
