@@ -35,16 +35,14 @@ def _layer_plan(config):
         # Falcon builds its ALiBi bias from the 2-D attention mask, which transformers' generate
         # grows by one per step: the keys must have that same length.
         return [("exact", None) for _ in range(config.num_hidden_layers)]
-    if getattr(config, "attention_chunk_size", None) is not None:
-        raise NotImplementedError(
-            f"StaticKVCache does not support chunked attention (config.attention_chunk_size="
-            f"{config.attention_chunk_size}, model_type={model_type!r}); use transformers' cache")
     layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
     plan = []
     for t, kw in zip(layer_types, layer_kwargs):
         if t == "full_attention":
             plan.append(("full", None))
-        elif t == "sliding_attention":
+        elif t in ("sliding_attention", "chunked_attention"):
+            # A chunk never reaches further back than chunk_size - 1 positions, so a ring of the
+            # chunk serves it; the chunked mask (built from these same sizes) does the rest.
             plan.append(("sliding", int(kw["sliding_window"])))
         else:
             raise NotImplementedError(

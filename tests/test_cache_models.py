@@ -3,7 +3,7 @@
 Each case runs ``model.generate(past_key_values=StaticKVCache(...))`` and the default
 ``model.generate()`` (DynamicCache) on a tiny random model and requires identical sequences:
 sliding-window rings (prompts shorter and longer than the window, batch with left padding),
-hybrid sliding/full layer stacks, GPT-Neo local attention, Falcon multi-query and ALiBi, Bloom.
+hybrid sliding/full layer stacks, Llama4 chunked attention, GPT-Neo local attention, Falcon multi-query and ALiBi, Bloom.
 """
 import pytest
 import torch
@@ -26,6 +26,9 @@ CONFIGS = {
                                    layer_types=["sliding_attention", "full_attention",
                                                 "sliding_attention"])),
     "cohere2": ("cohere2", dict(_LLAMA_LIKE, num_hidden_layers=4, sliding_window=6)),
+    "llama4_chunked": ("llama4_text", dict(_LLAMA_LIKE, num_hidden_layers=4, head_dim=8,
+                                           intermediate_size_mlp=64, num_local_experts=2,
+                                           attention_chunk_size=4)),
     "gpt_neo": ("gpt_neo", dict(hidden_size=32, num_layers=2, num_heads=4, window_size=5,
                                 attention_types=[[["global", "local"], 1]],
                                 max_position_embeddings=256, intermediate_size=64)),
@@ -78,7 +81,7 @@ def _same_as_default(model, ids, mask, new, cache, **kw):
 
 # (batch, prompt length, new tokens): prompt shorter than every window, and prefill longer
 # than the window with a batch of left-padded rows (the only case for models without windows).
-WINDOWED = ("mistral_sw", "qwen2_sw", "gemma2", "gemma3", "cohere2", "gpt_neo")
+WINDOWED = ("mistral_sw", "qwen2_sw", "gemma2", "gemma3", "cohere2", "llama4_chunked", "gpt_neo")
 CASES = [(name, (1, 3, 10)) for name in WINDOWED] + [(name, (3, 9, 7)) for name in CONFIGS]
 
 
@@ -160,10 +163,10 @@ def test_beam_search_matches_default(models, name):
     assert ptrs == [layer.keys.data_ptr() for layer in cache.layers]
 
 
-def test_chunked_attention_refused_naming_the_model():
+def test_layer_types_without_a_static_kv_form_refused_naming_the_model():
     config = AutoConfig.for_model("llama", vocab_size=VOCAB, **dict(_LLAMA_LIKE, num_hidden_layers=2))
-    config.attention_chunk_size = 4
-    with pytest.raises(NotImplementedError, match="'llama'"):
+    config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(NotImplementedError, match="'linear_attention'.*'llama'"):
         StaticKVCache(config, 1, 16)
 
 
