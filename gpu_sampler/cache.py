@@ -4,12 +4,13 @@ Layer types follow transformers' own ``StaticCache`` (``config.layer_types`` / `
 
 * full attention: one [max_batch_size, H_kv, max_cache_len, head_dim] buffer each for keys and
   values, written with a slice copy at the current position (no reallocation, no concatenation);
-* sliding-window attention: a ring buffer of the window, written in place. Each position is
-  stored twice (slot ``p % W`` and ``p % W + W`` of a 2W buffer) so the last W positions are
-  always one contiguous view in position order: decoding copies nothing.
+* sliding-window (and chunked) attention: a ring buffer of the window, written in place. Each
+  position is stored twice (slot ``p % W`` and ``p % W + W`` of a 2W buffer) so the last W
+  positions are always one contiguous view in position order: decoding copies nothing.
 
-GPT-Neo's local layers slice their window mask by key length, so for GPT-Neo every layer hands
-the model a view of exactly the positions seen so far (the storage is still preallocated).
+GPT-Neo's local layers slice their window mask by key length, and Falcon's ALiBi bias is built
+from the 2-D mask transformers grows by one per step, so for those every layer hands the model
+a view of exactly the positions seen so far (the storage is still preallocated).
 A smaller batch works on a leading view of the same storage.
 """
 import torch
@@ -70,7 +71,7 @@ class StaticKVLayer(CacheLayerMixin):
     """A full-attention layer of :class:`StaticKVCache` (keys/values [B_max, H_kv, T_max, D]).
 
     ``exact_length=True`` returns (and sizes masks for) only the positions written so far,
-    for models whose attention depends on the key length (GPT-Neo).
+    for models whose attention depends on the key length (GPT-Neo local, Falcon ALiBi).
     """
 
     # Mask code keys off this flag: a compileable cache always gets an explicit mask for
@@ -329,10 +330,11 @@ class StaticKVCache(Cache):
     ----------
     config : transformers PretrainedConfig
         The model's config. Layer types are read as transformers' ``StaticCache`` reads them
-        (``layer_types``, ``sliding_window``, ``use_sliding_window``): full-attention and
-        sliding-window layers are supported (Llama, Mistral, Qwen2, Gemma2/3, Cohere2, GPT-2,
-        Falcon, Bloom, GPT-Neo, ...). Chunked attention and non-attention layer types raise
-        NotImplementedError naming the model type.
+        (``layer_types``, ``sliding_window``, ``use_sliding_window``,
+        ``attention_chunk_size``): full-attention, sliding-window and chunked layers are
+        supported (Llama, Llama4, Mistral, Qwen2, Gemma2/3, Cohere2, GPT-2, Falcon, Bloom,
+        GPT-Neo local attention, ...). Other layer types (linear attention, KV sharing, ...)
+        raise NotImplementedError naming the layer type and the model type.
     max_batch_size : int
         Largest batch the cache will hold; smaller batches use a leading view of the storage.
     max_cache_len : int
@@ -350,8 +352,10 @@ class StaticKVCache(Cache):
     prompt; passing a filled cache with ``input_ids`` that extend it continues generation.
 
     Methods beyond transformers' ``Cache``: :meth:`check_capacity` (validate a whole
-    generation up front), :meth:`grow` (enlarge in place between steps); ``reorder_cache``,
-    ``batch_repeat_interleave`` and ``batch_select_indices`` work in place (beam search).
+    generation up front), :meth:`attention_mask_length` (the 2-D mask length to pass),
+    :meth:`grow` (enlarge in place between steps); ``reorder_cache``,
+    ``batch_repeat_interleave`` and ``batch_select_indices`` gather rows in place into the
+    same buffers (beam search).
 
     Example
     -------
