@@ -170,7 +170,7 @@ def test_layer_types_without_a_static_kv_form_refused_naming_the_model():
         StaticKVCache(config, 1, 16)
 
 
-@pytest.mark.parametrize("name", ["bloom", "falcon_alibi", "gemma2", "gpt_neo", "mistral_sw"])
+@pytest.mark.parametrize("name", ["bloom", "falcon_alibi", "gemma2", "gpt_neo"])
 def test_gpu_sampler_generate_matches_transformers(models, name):
     # gpu_sampler.generate builds its own StaticKVCache and passes the 2-D mask the cache asks
     # for (attention_mask_length): ALiBi, sliding and GPT-Neo local layers all come out exact.
