@@ -424,7 +424,9 @@ class StaticKVCache(Cache):
         batch_size : int
             Rows of the generation (after num_return_sequences / num_beams expansion).
         total_len : int
-            Positions per row at the end: cached + prompt + new tokens (``max_length``).
+            Positions the cache must hold per row: cached + fed tokens. A generation of
+            ``max_length`` tokens feeds ``max_length - 1`` (the last token is never fed back).
+            Sliding layers keep only their window, but the bound applies to every cache.
         device : torch.device or str, optional
             Where the model writes its key states; refused if the cache lives elsewhere.
         input_len : int, optional
