@@ -95,6 +95,9 @@ class StaticKVLayer(CacheLayerMixin):
     def _slots(self):
         return self.max_cache_len
 
+    def _used_slots(self):
+        return self.cumulative_length
+
     def _allocate(self, num_heads, k_dim, v_dim, dtype, device):
         self.dtype, self.device = dtype, torch.device(device)
         self.num_heads = num_heads
@@ -202,11 +205,12 @@ class StaticKVLayer(CacheLayerMixin):
             raise ValueError(f"batch size {len(idx)} exceeds the cache's max_batch_size="
                              f"{self.max_batch_size}")
         if self.is_initialized:
-            b = len(idx)
+            b, t = len(idx), self._used_slots()
             idx = idx.to(self.device)
-            # index_select reads every source row before the copy writes: overlaps are safe.
-            self.keys[:b].copy_(self.keys.index_select(0, idx))
-            self.values[:b].copy_(self.values.index_select(0, idx))
+            # index_select reads every source row into a temporary before the copy writes, so
+            # overlapping rows are safe; only written slots are moved.
+            self.keys[:b, :, :t].copy_(self.keys[:, :, :t].index_select(0, idx))
+            self.values[:b, :, :t].copy_(self.values[:, :, :t].index_select(0, idx))
         self.rows = len(idx)
 
     def reorder_cache(self, beam_idx):
@@ -246,6 +250,9 @@ class StaticSlidingKVLayer(StaticKVLayer):
 
     def _slots(self):
         return 2 * self.window if self._doubled else self.window
+
+    def _used_slots(self):
+        return self._slots()
 
     def _write(self, start, key_states, value_states):
         """Store positions start .. start+n-1 (n <= window) at both of their ring slots."""
