@@ -117,8 +117,8 @@ class StaticKVLayer(CacheLayerMixin):
                              f"{self.max_batch_size}")
         needed = self.cumulative_length + n
         if needed > self.max_cache_len:
-            raise ValueError(f"the cache needs {needed} positions ({self.cumulative_length} cached + "
-                             f"{n} new) but max_cache_len={self.max_cache_len}")
+            raise ValueError(f"the cache needs {needed} positions ({self.cumulative_length} "
+                             f"cached + {n} new) but max_cache_len={self.max_cache_len}")
 
     def check_states(self, key_states, value_states):
         """Raise ValueError (nothing written) if the states cannot go into this layer's buffers."""

@@ -327,7 +327,7 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         else:
             step = torch.compile(forward, fullgraph=False)
 
-    # [cache change] ALiBi models build their bias from this 2-D mask: it must have the keys' length.
+    # [cache change] ALiBi models build their bias from this 2-D mask: it needs the keys' length.
     logits = forward(input_ids, full_mask[:, :cache.attention_mask_length(L)],
                      position_ids).to(torch.float32, copy=True)
     if use_compile:

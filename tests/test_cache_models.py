@@ -3,7 +3,8 @@
 Each case runs ``model.generate(past_key_values=StaticKVCache(...))`` and the default
 ``model.generate()`` (DynamicCache) on a tiny random model and requires identical sequences:
 sliding-window rings (prompts shorter and longer than the window, batch with left padding),
-hybrid sliding/full layer stacks, Llama4 chunked attention, GPT-Neo local attention, Falcon multi-query and ALiBi, Bloom.
+hybrid sliding/full layer stacks, Llama4 chunked attention, GPT-Neo local attention, Falcon
+multi-query and ALiBi, Bloom.
 """
 import pytest
 import torch
@@ -164,7 +165,8 @@ def test_beam_search_matches_default(models, name):
 
 
 def test_layer_types_without_a_static_kv_form_refused_naming_the_model():
-    config = AutoConfig.for_model("llama", vocab_size=VOCAB, **dict(_LLAMA_LIKE, num_hidden_layers=2))
+    config = AutoConfig.for_model("llama", vocab_size=VOCAB,
+                                  **dict(_LLAMA_LIKE, num_hidden_layers=2))
     config.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(NotImplementedError, match="'linear_attention'.*'llama'"):
         StaticKVCache(config, 1, 16)
