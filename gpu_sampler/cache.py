@@ -178,10 +178,17 @@ class StaticKVLayer(CacheLayerMixin):
         self.cumulative_length = 0
         self.rows = 0
 
-    def crop(self, max_length):
-        if max_length < 0:
-            max_length = self.cumulative_length + max_length
-        self.cumulative_length = max(0, min(self.cumulative_length, max_length))
+    def check_crop(self, tokens_to_remove):
+        """Raise ValueError unless crop(tokens_to_remove) is possible (nothing changes)."""
+        if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int) \
+                or tokens_to_remove > 0:
+            # transformers 5 semantics: a negative count of tokens to drop; positive is refused.
+            raise ValueError(f"crop() takes a negative number of tokens to remove, got "
+                             f"{tokens_to_remove!r}")
+
+    def crop(self, tokens_to_remove):
+        self.check_crop(tokens_to_remove)
+        self.cumulative_length = max(0, self.cumulative_length + tokens_to_remove)
 
     def _resize(self, slots, copy):
         """Reallocate to `slots` positions, copying `copy` = [(dst, src)] slot ranges."""
@@ -305,17 +312,14 @@ class StaticSlidingKVLayer(StaticKVLayer):
             return pos + query_length, offset
         return w, offset
 
-    def crop(self, max_length):
-        if max_length < 0:
-            max_length = self.cumulative_length + max_length
-        max_length = max(0, min(self.cumulative_length, max_length))
-        # The next step needs the w-1 positions before max_length; the ring still holds the last
-        # w positions written.
-        if max_length < self.cumulative_length - 1 and self.cumulative_length > self.window:
+    def check_crop(self, tokens_to_remove):
+        super().check_crop(tokens_to_remove)
+        # The next step needs the w-1 positions before the new end; once the ring has wrapped
+        # it holds only the last w positions written, so at most one can be dropped.
+        if tokens_to_remove < -1 and self.cumulative_length > self.window:
             raise ValueError(
-                f"cannot crop a sliding-window layer from {self.cumulative_length} to {max_length} "
-                f"positions: the window ({self.window}) no longer holds the older positions")
-        self.cumulative_length = max_length
+                f"cannot remove {-tokens_to_remove} positions from a sliding-window layer holding "
+                f"{self.cumulative_length}: its ring ({self.window}) no longer has the older ones")
 
     def grow(self, max_cache_len):
         old_slots = self._slots()
@@ -411,6 +415,16 @@ class StaticKVCache(Cache):
             self.check_write(key_states.shape[0], key_states.shape[-2])
             self.check_capacity(key_states.shape[0], 0, device=key_states.device)
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def crop(self, tokens_to_remove):
+        """Drop the last ``-tokens_to_remove`` positions (transformers 5 semantics; 0 is a no-op).
+
+        Raises ValueError, with nothing changed, for a positive count or a rollback a
+        sliding-window ring cannot serve (more than one position once it has wrapped).
+        """
+        for layer in self.layers:
+            layer.check_crop(tokens_to_remove)
+        super().crop(tokens_to_remove)
 
     def _reuse_message(self, prompt_len=None):
         got = "" if prompt_len is None else f" and the new input has {prompt_len}"

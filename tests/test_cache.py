@@ -215,3 +215,25 @@ def test_bad_sizes(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
         StaticKVCache(tiny_model("llama").config, **kw)
+
+
+def test_crop_follows_transformers_and_refuses_what_a_ring_cannot_undo():
+    model = tiny_model("qwen2", num_layers=2, use_sliding_window=True, sliding_window=4,
+                       max_window_layers=1)
+    cache = StaticKVCache(model.config, 1, 32)
+    ids = torch.randint(3, 1000, (1, 7))
+    model(ids[:, :3], past_key_values=cache, use_cache=True)
+    cache.crop(0)
+    cache.crop(-2)  # not wrapped yet: any rollback
+    assert cache.get_seq_length() == 1
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(3)
+    model(ids[:, 1:7], past_key_values=cache, use_cache=True)  # 7 positions, window 4 wrapped
+    with pytest.raises(ValueError, match="sliding-window"):
+        cache.crop(-2)
+    assert [layer.get_seq_length() for layer in cache.layers] == [7, 7]
+    cache.crop(-1)
+    # Re-feeding the dropped token gives the logits of an uncropped run.
+    out = model(ids[:, 6:7], past_key_values=cache, use_cache=True).logits
+    ref = model(ids, use_cache=False).logits[:, -1:]
+    torch.testing.assert_close(out, ref)
