@@ -237,3 +237,13 @@ def test_crop_follows_transformers_and_refuses_what_a_ring_cannot_undo():
     out = model(ids[:, 6:7], past_key_values=cache, use_cache=True).logits
     ref = model(ids, use_cache=False).logits[:, -1:]
     torch.testing.assert_close(out, ref)
+
+
+def test_prompt_lookup_decoding_rolls_back_with_crop():
+    # Assisted decoding feeds candidate tokens and crops the rejected ones off the cache.
+    model = tiny_model("llama", seed=4)
+    ids = torch.randint(3, 40, (1, 12), generator=torch.Generator().manual_seed(4))
+    kw = dict(max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=3)
+    ref = model.generate(ids, **kw)
+    assert torch.equal(model.generate(ids, past_key_values=StaticKVCache(model.config, 1, 40),
+                                      **kw), ref)
