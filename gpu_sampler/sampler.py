@@ -72,11 +72,12 @@ def _scalar(name, value, B, V, check_scalar):
         return min(value, V) if name == "top_k" else value  # >= V keeps all
     try:
         f = float(value)
-    except OverflowError:  # an int beyond float64
-        f = math.copysign(math.inf, value)
+        finite = math.isfinite(f)
+    except OverflowError:  # an int beyond float64: a number, but not one float32 holds
+        f, finite = (math.inf if value > 0 else -math.inf), True
     v = _f32(f)  # both backends compute in float32: they must see the same number
-    if check_scalar(v):
-        if math.isfinite(f) and not math.isfinite(v):
+    if check_scalar(v) or (v == 0 and f > 0 and name in _POSITIVE):
+        if finite and not math.isfinite(v):
             raise ValueError(f"{name}={value!r} is not finite in float32 (the sampler's math is "
                              "float32; |value| must be < 3.4e38)")
         if f > 0 and v == 0:
