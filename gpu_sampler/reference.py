@@ -17,6 +17,8 @@ tokens whose xp equals its max xp, uniformly. The max tie group always survives 
 No full-vocab sort on the usual paths: everything after the penalties runs on the top-K
 candidates of torch.topk, with K grown only when a row keeps more than K tokens.
 """
+import math
+
 import torch
 
 from . import rng
@@ -196,7 +198,9 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         if isinstance(tdiv, torch.Tensor) or tdiv != 1.0:
             vals = vals / tdiv
         M = vals[:, 0]
-        if not bool(M.isfinite().all()):
+        # One reduction flags any non-finite M (a sum that merely overflows only costs the
+        # exact per-row test below): overflowed rows, and also NaN / dead rows.
+        if not math.isfinite(M.sum().item()):
             r = _overflow_rows(x, idx, M, valid, greedy)
             if r is not None:
                 # x = xp / T overflowed: the limit T -> 0 keeps the argmax tie group of xp.

@@ -42,7 +42,8 @@ def _f32(v):
 def int64_seed(value, name="seed"):
     """A Python int seed / offset in [-2**63, 2**64) as the int64 with the same 64 bits, so s
     and s - 2**64 name the same stream; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool)
+                                   or not isinstance(value, numbers.Integral)):
         raise ValueError(f"{name} must be an int or an int64 tensor, got {value!r}")
     value = int(value)
     if not -(_U64 >> 1) <= value < _U64:
@@ -54,15 +55,17 @@ def int64_seed(value, name="seed"):
 def _scalar(name, value, B, V, check_scalar):
     """A Python-number parameter normalised by the numeric policy (docs/reliability.md)."""
     kind = _RULES[name][0]
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    t = type(value)  # the common float / int skip the slower ABC checks (per-token path)
+    if t is not float and t is not int and (isinstance(value, bool)
+                                            or not isinstance(value, numbers.Real)):
         raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
                          f"got {value!r}")
     if kind == "seed":
-        if not isinstance(value, numbers.Integral):
+        if t is not int and not isinstance(value, numbers.Integral):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         return int64_seed(value, name)
     if kind == "int":
-        if not isinstance(value, numbers.Integral):
+        if t is not int and not isinstance(value, numbers.Integral):
             f = float(value)
             if not f.is_integer():
                 raise ValueError(f"{name} must be an integer, got {value!r}")
