@@ -50,7 +50,8 @@ def _bad_rows(B, dev, **params):
     rules = dict(temperature=lambda v: ~((v >= 0) & (v < inf)), top_k=lambda v: v < 0,
                  top_p=lambda v: ~((v >= 0) & (v <= 1)), min_p=lambda v: ~((v >= 0) & (v <= 1)),
                  repetition_penalty=lambda v: ~((v > 0) & (v < inf)),
-                 presence_penalty=lambda v: ~v.isfinite(), frequency_penalty=lambda v: ~v.isfinite())
+                 presence_penalty=lambda v: ~v.isfinite(),
+                 frequency_penalty=lambda v: ~v.isfinite())
     for name, v in params.items():
         if isinstance(v, torch.Tensor):
             b = rules[name](v)

@@ -131,7 +131,7 @@ def _not_in_unit(v):
 _POSITIVE = ("temperature", "repetition_penalty")  # a positive value must stay positive in fp32
 _INF = math.inf
 _RULES = {
-    # name: (kind, bad values of a float32/int64 tensor, the same for a normalised Python number)
+    # name: (kind, bad values of a float32/int64 tensor, the same for a normalised number)
     "temperature": ("float", lambda v: ~((v >= 0) & (v < _INF)),
                     lambda v: not (0 <= v < _INF)),
     "top_k": ("int", lambda v: v < 0, lambda v: v < 0),
@@ -251,22 +251,29 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     """Draw one token per row after penalties, temperature, top-k, top-p and min-p.
 
     Args:
-        logits: [B, V] float32 / float16 / bfloat16 (math is float32), V >= 1.
+        logits: [B, V] float32 / float16 / bfloat16 (math is float32; float64 is refused),
+            V >= 1.
         temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
         frequency_penalty: a Python number for every row, or a 1-D tensor of length B on the
             logits' device. temperature 0 = greedy for that row (argmax, lowest index on ties);
-            top_k 0, top_p 1.0, min_p 0.0 = off. Applied in transformers' order:
+            top_k 0 or >= V, top_p 1.0, min_p 0.0 = off. Applied in transformers' order:
             repetition -> presence/frequency -> temperature -> top-k -> top-p -> min-p.
+            Float values are rounded to float32 first; one float32 cannot hold (not finite,
+            or a positive temperature / repetition_penalty that rounds to 0) is refused.
+            Extreme values: docs/reliability.md.
         input_ids: [B, L] integer history for the penalties; negative ids are padding.
         prompt_lens: int or LongTensor [B]; presence/frequency count only positions >= it.
-        generator: torch.Generator for the draw (default: the device's default generator).
-        seed, offset: int or LongTensor [B] each; a row's token then depends only on its
-            logits, parameters, seed and offset (e.g. offset = position).
+        generator: torch.Generator on the logits' device for the draw (default: the device's
+            default generator).
+        seed, offset: int in [-2**63, 2**64) or LongTensor [B] each; a row's token then depends
+            only on its logits, parameters, seed and offset (e.g. offset = position). Ints are
+            64-bit: s and s - 2**64 are the same stream.
         return_logprobs: also return the float32 log-probability of each drawn token under
             the distribution it was drawn from (``sampling_distribution``).
         check: validate tensor parameter values and raise ValueError for NaN rows or rows with
             nothing left to sample (may synchronise). With check=False nothing synchronises
-            and such rows yield token -1 (logprob -inf).
+            and such rows, and rows with an invalid per-row value (NaN, +-inf, ...), yield
+            token -1 (logprob -inf).
         backend: "auto" (Triton kernel on CUDA, torch twin otherwise), "triton" or "torch".
 
     Returns:

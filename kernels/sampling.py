@@ -270,8 +270,8 @@ def _fused_sample_kernel(
     if HAS_TOPK:
         if sampling & (k > 0) & (k < nfin):
             tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, ovf_row,
-                                         gbest, M, lmin, M, Z, k.to(tl.float32), True, TILE, L_BLOCK,
-                                         NPIV, MAX_ROUNDS, HAS_REP, HAS_PF)
+                                         gbest, M, lmin, M, Z, k.to(tl.float32), True, TILE,
+                                         L_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF)
     if HAS_TOPP:
         if sampling & (p < 1.0):
             tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, ovf_row,
