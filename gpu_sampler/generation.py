@@ -16,7 +16,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import StaticKVCache
 from .reference import processed_logits_reference
-from .sampler import sample
+from .sampler import int64_seed, sample
 
 __all__ = ["generate", "patch", "unpatch"]
 
@@ -130,10 +130,11 @@ def _row_seeds(seed, B, device):
             raise ValueError(f"seed must be an int or an integer tensor of shape [{B}] (one per "
                              f"output row), got shape {tuple(seed.shape)} {seed.dtype}")
         return seed.to(device=device, dtype=torch.int64)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int or a LongTensor of shape [{B}], got {seed!r}")
-    # Rows get distinct streams (num_return_sequences copies of a prompt must differ).
-    return seed + torch.arange(B, device=device, dtype=torch.int64)
+    # Rows get distinct streams (num_return_sequences copies of a prompt must differ): seed + row,
+    # under sample()'s seed policy (64 bits, wrapping).
+    base = int64_seed(seed)  # ValueError naming seed unless an int in [-2**63, 2**64)
+    return torch.tensor([int64_seed((base + i) % 2 ** 64) for i in range(B)], device=device,
+                        dtype=torch.int64)
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@ count and the bytes it reads.
 Notation for one row (all fp32):
     l       raw logits (any float dtype, upcast on load)
     xp      penalised logits: repetition penalty (HF rule) then presence/frequency (OpenAI rule)
-    x       xp / T; a row that overflows to +inf keeps only its +inf tokens (uniform over them)
+    x       xp / T; a row whose max x overflows (+-inf, max xp not -inf) keeps its max-xp tie
+            group, uniformly (the limit T -> 0)
     M, Z    max x and sum exp(x - M) over finite x
     tau     the final threshold: the kept set is {x >= tau} (and exp(x - M) >= min_p)
 """
@@ -74,7 +75,7 @@ def _uniform(k0, k1, offs):
 
 
 @triton.jit
-def _load_tile(lrow_ptr, irow_ptr, L, plen, start, V, rep, pres, freq, tdiv, posinf_row,
+def _load_tile(lrow_ptr, irow_ptr, L, plen, start, V, rep, pres, freq, tdiv, ovf_row, xp_max,
                TILE: tl.constexpr, L_BLOCK: tl.constexpr,
                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr):
     """One tile of the row: (offsets, in-bounds mask, penalised xp, tempered x).
@@ -104,12 +105,12 @@ def _load_tile(lrow_ptr, irow_ptr, L, plen, start, V, rep, pres, freq, tdiv, pos
         if HAS_PF:
             xp = xp - (tl.where(cnt > 0, pres, 0.0) + freq * cnt.to(tl.float32))
     x = xp / tdiv
-    x = tl.where(posinf_row, tl.where(x == float("inf"), 0.0, float("-inf")), x)
+    x = tl.where(ovf_row, tl.where(xp == xp_max, 0.0, float("-inf")), x)
     return offs, inb, xp, x
 
 
 @triton.jit
-def _threshold_search(lrow_ptr, irow_ptr, L, plen, V, rep, pres, freq, tdiv, posinf_row, M,
+def _threshold_search(lrow_ptr, irow_ptr, L, plen, V, rep, pres, freq, tdiv, ovf_row, xp_max, M,
                       lo, pv, lo_mass, target,
                       USE_COUNT: tl.constexpr, TILE: tl.constexpr, L_BLOCK: tl.constexpr,
                       NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
@@ -144,7 +145,8 @@ def _threshold_search(lrow_ptr, irow_ptr, L, plen, V, rep, pres, freq, tdiv, pos
         prv = tl.full([NPIV], float("-inf"), dtype=tl.float32)
         for start in range(0, V, TILE):
             offs, inb, xp, x = _load_tile(lrow_ptr, irow_ptr, L, plen, start, V, rep, pres, freq,
-                                          tdiv, posinf_row, TILE, L_BLOCK, HAS_REP, HAS_PF)
+                                          tdiv, ovf_row, xp_max, TILE, L_BLOCK, HAS_REP,
+                                          HAS_PF)
             ge = x[:, None] >= piv[None, :]
             if USE_COUNT:
                 cnt += tl.sum(ge.to(tl.float32), axis=0)
@@ -209,7 +211,9 @@ def _fused_sample_kernel(
     freq = _param(freq_ptr, freq_s, row, FREQ_T)
     plen = _param(plen_ptr, plen_s, row, PLEN_T, tl.int64)
     greedy = T == 0.0
-    bad = (T < 0.0) | (T != T) | (rep <= 0.0) | (rep != rep) | (pres != pres) | (freq != freq)
+    inf = float("inf")
+    bad = ~((T >= 0.0) & (T < inf)) | ~((rep > 0.0) & (rep < inf))
+    bad = bad | ~(tl.abs(pres) < inf) | ~(tl.abs(freq) < inf)
     tdiv = tl.where(greedy | bad, 1.0, T)
 
     # ---- pass 1: statistics -------------------------------------------------------------------
@@ -221,15 +225,18 @@ def _fused_sample_kernel(
     nposinf = tl.zeros([], tl.int32)
     nnan = tl.zeros([], tl.int32)
     gbest = tl.full([], float("-inf"), tl.float32)
+    ntie = tl.zeros([], tl.int32)
     gidx = row * 0 - 1
     for start in range(0, V, TILE):
         offs, inb, xp, x = _load_tile(lrow, irow, L, plen, start, V, rep, pres, freq, tdiv, no_flag,
-                                      TILE, L_BLOCK, HAS_REP, HAS_PF)
+                                      gbest, TILE, L_BLOCK, HAS_REP, HAS_PF)
         isnan = xp != xp
         nnan += tl.sum(isnan.to(tl.int32), axis=0)
         xg = tl.where(isnan, float("-inf"), xp)
         tmax = tl.max(xg, axis=0)
         targ = tl.argmax(xg, 0, tie_break_left=True)
+        tcnt = tl.sum((xg == tmax).to(tl.int32), axis=0)
+        ntie = tl.where(tmax > gbest, tcnt, tl.where(tmax == gbest, ntie + tcnt, ntie))
         gidx = tl.where(tmax > gbest, start + targ.to(tl.int64), gidx)
         gbest = tl.maximum(gbest, tmax)
         fin = (x > float("-inf")) & (x < float("inf"))
@@ -241,12 +248,13 @@ def _fused_sample_kernel(
         M = new_m
         lmin = tl.minimum(lmin, tl.min(tl.where(fin, x, float("inf")), axis=0))
 
-    # A row whose x overflows to +inf is the limit T -> 0 of its finite twin: uniform over +inf.
-    posinf_row = nposinf > 0
-    M = tl.where(posinf_row, 0.0, M)
-    Z = tl.where(posinf_row, nposinf.to(tl.float32), Z)
-    lmin = tl.where(posinf_row, 0.0, lmin)
-    nfin = tl.where(posinf_row, nposinf, nfin)
+    # A row whose max x overflows is the limit T -> 0: uniform over the ntie tokens with
+    # xp == gbest (tdiv is 1 on greedy / invalid rows, which the flag does not change).
+    ovf_row = (nposinf > 0) | ((nfin == 0) & (gbest > float("-inf")))
+    M = tl.where(ovf_row, 0.0, M)
+    Z = tl.where(ovf_row, ntie.to(tl.float32), Z)
+    lmin = tl.where(ovf_row, 0.0, lmin)
+    nfin = tl.where(ovf_row, ntie, nfin)
 
     k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
     p = _param(topp_ptr, topp_s, row, TOPP_T)
@@ -261,13 +269,13 @@ def _fused_sample_kernel(
     z_k = Z
     if HAS_TOPK:
         if sampling & (k > 0) & (k < nfin):
-            tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, posinf_row,
-                                         M, lmin, M, Z, k.to(tl.float32), True, TILE, L_BLOCK,
-                                         NPIV, MAX_ROUNDS, HAS_REP, HAS_PF)
+            tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, ovf_row,
+                                         gbest, M, lmin, M, Z, k.to(tl.float32), True, TILE,
+                                         L_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF)
     if HAS_TOPP:
         if sampling & (p < 1.0):
-            tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, posinf_row,
-                                         M, tau, M, z_k, p * z_k, False, TILE, L_BLOCK,
+            tau, z_k = _threshold_search(lrow, irow, L, plen, V, rep, pres, freq, tdiv, ovf_row,
+                                         gbest, M, tau, M, z_k, p * z_k, False, TILE, L_BLOCK,
                                          NPIV, MAX_ROUNDS, HAS_REP, HAS_PF)
 
     # ---- draw (or distribution) pass ----------------------------------------------------------
@@ -283,7 +291,7 @@ def _fused_sample_kernel(
         k1 = (rkey >> 32).to(tl.uint32)
         for start in range(0, V, TILE):
             offs, inb, xp, x = _load_tile(lrow, irow, L, plen, start, V, rep, pres, freq, tdiv,
-                                          posinf_row, TILE, L_BLOCK, HAS_REP, HAS_PF)
+                                          ovf_row, gbest, TILE, L_BLOCK, HAS_REP, HAS_PF)
             e = tl.exp(x - M)
             keep = inb & (x >= tau)
             if HAS_MINP:
@@ -309,7 +317,8 @@ def _fused_sample_kernel(
             inb = offs < V
             if sampling:
                 offs, inb, xp, x = _load_tile(lrow, irow, L, plen, start, V, rep, pres, freq,
-                                              tdiv, posinf_row, TILE, L_BLOCK, HAS_REP, HAS_PF)
+                                              tdiv, ovf_row, gbest, TILE, L_BLOCK, HAS_REP,
+                                              HAS_PF)
                 e = tl.exp(x - M)
                 keep = x >= tau
                 if HAS_MINP:
