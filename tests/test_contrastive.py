@@ -366,3 +366,13 @@ def test_generate_vocabularies_must_agree(expert):
         generate(expert, torch.randint(3, 500, (1, 4)), max_new_tokens=2, amateur_model=small)
     with pytest.raises(ValueError, match="cd_beta=0.7 needs amateur_model"):
         generate(expert, torch.randint(3, 500, (1, 4)), max_new_tokens=2, cd_beta=0.7)
+
+
+def test_demo_contrastive_line():
+    from gpu_sampler import demo
+    from tests.models import train_tokenizer
+
+    tok = train_tokenizer(1000)
+    model = tiny_model("llama", seed=24, vocab_size=len(tok))
+    res = demo.contrastive_generate(model, tok, demo.PROMPTS[:2], max_new_tokens=3)
+    assert len(res["texts"]) == 2 and "1-layer" in res["amateur"] and res["tok_s"] > 0
