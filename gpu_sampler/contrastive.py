@@ -13,7 +13,7 @@ The scores then go through ``sample()``'s usual machinery as if they were the lo
 temperature (0 = the paper's greedy search), top-k, top-p, min-p and the draw. Edge values:
 
 - NaN anywhere in e or in a makes the row invalid (token -1 / an all-zero distribution, or a
-  ValueError with check=True), whether or not the NaN sits in the head.
+  ValueError with check=True), whether or not the NaN sits in the head: its scores hold NaN.
 - a_i = -inf on a head token (with cd_beta > 0) gives score +inf; scores that overflow float32
   are +inf too. The overflow rule of ``sample()`` then keeps only the row's +inf tokens.
 - a_i = +inf on a head token gives -inf (the amateur is certain: the token is removed), except
@@ -99,31 +99,33 @@ def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_b
     """Torch twin of ``kernels.contrastive_scores``: float32 [B, V] scores (module docstring).
 
     Parameters are already validated: float32-exact Python floats or float32 (B,) tensors.
+    Same values as the kernel on valid rows; an invalid row comes back all NaN here (the kernel
+    writes NaN at the offending tokens only; both make the row invalid downstream).
     """
     e = logits.to(torch.float32)
     a = amateur_logits.to(torch.float32)
     ninf = float("-inf")
-    e_nan = e.isnan()
-    M = e.masked_fill(e_nan, ninf).amax(1, keepdim=True)
-    head = (e > ninf) & ((e == M) | ((e - M) >= _row_col(_log_alpha(cd_alpha))))
+    M = e.amax(1, keepdim=True)  # NaN when the row has one: the row is invalid anyway
+    head = (e - M) >= _row_col(_log_alpha(cd_alpha))
+    # Only cd_alpha = 0 (log = -inf also admits e = -inf) and M = +inf (inf - inf = NaN) need
+    # the full rule; the common case is the two ops above.
+    if isinstance(cd_alpha, torch.Tensor) or cd_alpha == 0 or bool((M == float("inf")).any()):
+        head = (e > ninf) & (head | (e == M))
     if isinstance(cd_beta, torch.Tensor):
         b = cd_beta[:, None]
         s = torch.where(b == 0, e, (1.0 + b) * e - b * a)
     elif cd_beta == 0:
-        s = e
+        s = e.clone()
     else:
-        # 1 + beta rounded to float32 once, as the kernel computes it.
-        s = _f32(1.0 + cd_beta) * e - cd_beta * a
-    s = torch.where(head, s, ninf)
-    s = torch.where(e_nan | a.isnan(), float("nan"), s)
-    bad = None
+        # 1 + beta rounded to float32 once, as the kernel computes it; two roundings, no FMA.
+        s = torch.mul(e, _f32(1.0 + cd_beta))
+        s.sub_(torch.mul(a, cd_beta))
+    s.masked_fill_(~head, ninf)
+    bad = M.squeeze(1).isnan() | a.amax(1).isnan()  # amax propagates NaN: one cheap pass
     for name, v in (("cd_alpha", cd_alpha), ("cd_beta", cd_beta)):
         if isinstance(v, torch.Tensor):
-            b_ = _CD_RULES[name][0](v) | v.isnan()
-            bad = b_ if bad is None else bad | b_
-    if bad is not None:
-        s = torch.where(bad[:, None], float("nan"), s)
-    return s
+            bad |= _CD_RULES[name][0](v)
+    return s.masked_fill_(bad[:, None], float("nan"))
 
 
 def _check_amateur(logits, amateur_logits):
@@ -164,7 +166,8 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=CD_ALPHA, cd_beta=CD_
         cd_beta: amateur weight >= 0 (finite): scores are (1 + cd_beta) * logits -
             cd_beta * amateur_logits on the kept tokens. A number, or a float tensor [B].
         check: raise ValueError for a row with NaN (either input) or an undefined score
-            (may synchronise); with check=False such rows come back all NaN.
+            (may synchronise); with check=False such rows hold NaN (sample() treats them as
+            invalid rows).
         backend: "auto" (Triton on CUDA, torch otherwise), "torch" or "triton".
 
     Returns:

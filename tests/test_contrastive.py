@@ -413,3 +413,18 @@ def test_kernel_compiles_for_sm90_without_fma():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if "sm_90 cubin" in ln]
     assert len(lines) == 1 and all(ln.endswith("fma 0") for ln in lines), r.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invalid_per_row_parameters_invalidate_only_their_row(backend):
+    gen = torch.Generator().manual_seed(14)
+    e, a = (x.to(DEVICE) for x in _pair("random", 4, 21, gen))
+    alpha = torch.tensor([0.1, 1.5, 0.1, 0.1], device=DEVICE)
+    beta = torch.tensor([0.5, 0.5, NAN, INF], device=DEVICE)
+    kw = dict(amateur_logits=a, cd_alpha=alpha, cd_beta=beta, backend=backend)
+    tok = gpu_sampler.sample(e, check=False, seed=3, **kw).cpu()
+    assert tok[0] >= 0 and tok[1:].eq(-1).all()
+    d = gpu_sampler.sampling_distribution(e, check=False, **kw).cpu()
+    assert torch.allclose(d[0].sum(), torch.tensor(1.0)) and (d[1:] == 0).all()
+    with pytest.raises(ValueError, match="cd_alpha has an invalid value 1.5 at row 1"):
+        gpu_sampler.sample(e, **kw)
