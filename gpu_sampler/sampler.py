@@ -249,7 +249,7 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
                           amateur_logits=None, cd_alpha=0.1, cd_beta=0.5):
     """The exact distribution ``sample`` draws from, as float32 [B, V].
 
-    Takes the same filtering / penalty / contrastive parameters as ``sample`` (see there). Filtered tokens are
+    Takes the same filtering / penalty parameters as ``sample`` (see there). Filtered tokens are
     0; rows with temperature 0 are one-hot at the argmax. Invalid rows (NaN, nothing left) raise
     ValueError with check=True, and are all zeros with check=False.
 

@@ -274,7 +274,8 @@ def _reference_greedy(expert, amateur, ids, mask, steps, alpha, beta):
     cur, out = ids, ids
     for _ in range(steps):
         le, la = (m(input_ids=cur, attention_mask=mask, position_ids=pos, past_key_values=c,
-                    use_cache=True).logits[:, -1].float() for m, c in zip((expert, amateur), caches))
+                    use_cache=True).logits[:, -1].float()
+                  for m, c in zip((expert, amateur), caches))
         tok = plain_scores(le, la, alpha, beta).argmax(1)
         out = torch.cat([out, tok[:, None]], 1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
