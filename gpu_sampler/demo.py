@@ -169,6 +169,33 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
     return result
 
 
+def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alpha=0.1,
+                         cd_beta=0.5):
+    """Greedy contrastive decoding with ``gpu_sampler.generate(..., amateur_model=...)``.
+
+    The amateur is a random 1-layer Llama (hidden 64) with the model's vocabulary size, built
+    with ``tiny.build_model``, so any causal LM folder works.
+
+    Returns:
+        dict ``{"texts": list[str], "amateur": str, "tok_s": float}``.
+    """
+    from . import tiny
+
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    amateur = tiny.build_model(vocab, seed=1, hidden_size=64, num_layers=1).to(model.device)
+    batch = tok(list(prompts), return_tensors="pt", padding=True).to(model.device)
+    L = batch.input_ids.shape[1]
+    t = time.perf_counter()
+    out = generate(model, **batch, max_new_tokens=max_new_tokens, do_sample=False,
+                   amateur_model=amateur, cd_alpha=cd_alpha, cd_beta=cd_beta)
+    _sync(model.device)
+    dt = time.perf_counter() - t
+    n = sum(p.numel() for p in amateur.parameters())
+    return {"texts": tok.batch_decode(out[:, L:], skip_special_tokens=True),
+            "amateur": f"random 1-layer Llama, {n / 1e6:.2f}M parameters",
+            "tok_s": out.shape[0] * (out.shape[1] - L) / dt}
+
+
 def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p):
     """transformers' processors + softmax + torch.multinomial: what model.generate does per step.
 
@@ -323,6 +350,12 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
         echo(f"        HF:          {a!r}")
         echo(f"        gpu-sampler: {b!r}")
     echo(f"    tokens/s: HF {s['hf_tok_s']:.0f}, gpu-sampler {s['gs_tok_s']:.0f}")
+    cd = contrastive_generate(model, tok, max_new_tokens=max_new_tokens)
+    echo("")
+    echo(f"    contrastive decoding (greedy, cd_alpha 0.1, cd_beta 0.5; amateur: {cd['amateur']}):"
+         f" {cd['tok_s']:.0f} tokens/s")
+    for p, a in zip(PROMPTS, cd["texts"]):
+        echo(f"    {p!r} -> {a!r}")
 
     rows = sampler_table(sizes, dev, repeats=repeats, progress=True)
     echo("")

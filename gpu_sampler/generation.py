@@ -15,6 +15,7 @@ from transformers.generation import stopping_criteria as sc
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import StaticKVCache
+from .contrastive import paired_forward, pop_generate_args
 from .reference import processed_logits_reference
 from .sampler import int64_seed, sample
 
@@ -159,7 +160,11 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         ``presence_penalty`` / ``frequency_penalty`` (float, OpenAI semantics over generated
         tokens), ``seed`` (int: row b uses seed + b; or LongTensor [B * num_return_sequences])
         which makes each row's draws a function of (seed, position) only, and ``compile``
-        (bool) to run the decode step through ``torch.compile``.
+        (bool) to run the decode step through ``torch.compile``, and contrastive decoding:
+        ``amateur_model`` (a smaller causal LM with the same vocabulary, run on its own static
+        cache) with ``cd_alpha`` / ``cd_beta`` (see ``gpu_sampler.contrastive``); the
+        processors, warpers and the draw then act on the contrastive scores, which are also
+        what ``logits`` reports.
 
     Returns
     -------
@@ -195,6 +200,7 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     frequency = _check_extra("frequency_penalty", kwargs.pop("frequency_penalty", 0.0))
     seed = kwargs.pop("seed", None)
     use_compile = bool(kwargs.pop("compile", False))
+    contrastive = pop_generate_args(model, kwargs)  # issue 10: amateur_model, cd_alpha, cd_beta
     tokenizer = kwargs.pop("tokenizer", None)
     if getattr(model.config, "is_encoder_decoder", False):
         raise NotImplementedError("gpu_sampler.generate supports decoder-only models only")
@@ -321,6 +327,8 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
             kw["position_ids"] = pos
         return model(input_ids=ids, **kw).logits[:, -1, :]
 
+    if contrastive is not None:  # issue 10: the loop sees contrastive scores as its logits
+        forward = paired_forward(forward, contrastive, B, cache_len)
     step = forward
     if use_compile:
         if device.type == "cuda":

@@ -252,7 +252,8 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
             keep = keep & (e >= _col(min_p))
         last_dropped = ~keep[:, -1]
         if tau_k is not None:
-            below_k = ~(vals[:, -1:] >= tau_k).squeeze(1)
+            # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).
+            below_k = ~(vals[:, -1:] >= tau_k).squeeze(1) | (vals[:, -1] == float("-inf"))
             last_dropped &= (below_k | ~kact) if k_tensor else below_k
         if K == V or bool((last_dropped | ~sampling).all()):
             break

@@ -247,7 +247,7 @@ def _raise_invalid(logits, bad_rows, what):
 def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
            presence_penalty=0.0, frequency_penalty=0.0, input_ids=None, prompt_lens=None,
            generator=None, seed=None, offset=None, return_logprobs=False, check=True,
-           backend="auto"):
+           backend="auto", amateur_logits=None, cd_alpha=0.1, cd_beta=0.5):
     """Draw one token per row after penalties, temperature, top-k, top-p and min-p.
 
     Args:
@@ -275,6 +275,11 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
             and such rows, and rows with an invalid per-row value (NaN, +-inf, ...), yield
             token -1 (logprob -inf).
         backend: "auto" (Triton kernel on CUDA, torch twin otherwise), "triton" or "torch".
+        amateur_logits, cd_alpha, cd_beta: contrastive decoding (gpu_sampler/contrastive.py):
+            with amateur_logits [B, V] (same shape and device) the row samples from the scores
+            (1 + cd_beta) * logits - cd_beta * amateur_logits on the tokens with
+            p >= cd_alpha * max p (others -inf); everything above then applies to the scores.
+            cd_alpha in [0, 1], cd_beta >= 0: numbers or float tensors [B].
 
     Returns:
         LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs.
@@ -292,6 +297,10 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, seed, offset = _normalise(
         logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend)
+    # ---- contrastive decoding (issue 10): sample the scores; see gpu_sampler/contrastive.py --
+    from .contrastive import contrastive_input
+    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
+    # ---- end contrastive decoding --------------------------------------------------------------
     B = logits.shape[0]
     if seed is None:
         seed = _draw_seeds(B, logits.device, generator, _needs_random(params["temperature"]))
@@ -318,7 +327,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
 @torch.no_grad()
 def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                          input_ids=None, prompt_lens=None, check=True, backend="auto"):
+                          input_ids=None, prompt_lens=None, check=True, backend="auto",
+                          amateur_logits=None, cd_alpha=0.1, cd_beta=0.5):
     """The exact distribution ``sample`` draws from, as float32 [B, V].
 
     Takes the same filtering / penalty parameters as ``sample`` (see there). Filtered tokens are
@@ -336,6 +346,10 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, _, _ = _normalise(
         logits, params, input_ids, prompt_lens, None, None, None, check, backend)
+    # ---- contrastive decoding (issue 10): see gpu_sampler/contrastive.py ----------------------
+    from .contrastive import contrastive_input
+    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
+    # ---- end contrastive decoding --------------------------------------------------------------
     if logits.shape[0] == 0:
         return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if _pick_backend(backend, logits) == "triton":
