@@ -3,7 +3,7 @@
 import pytest
 import torch
 from scipy import stats
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 from transformers.generation import logits_process as lp
 from transformers.generation.streamers import BaseStreamer
 
@@ -123,8 +123,9 @@ def test_sampling_scores_equal_hf_processor_chain(min_p):
     kw = dict(do_sample=True, repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
     if min_p is not None:
         kw["min_p"] = min_p
+    # No eos: a row that drew it would continue with pad tokens outside the support.
     res = generate(model, ids, attention_mask=mask, max_new_tokens=8, return_dict_in_generate=True,
-                   output_scores=True, output_logits=True, **kw)
+                   output_scores=True, output_logits=True, eos_token_id=V + 5, **kw)
     seq = res.sequences
     assert len(res.scores) == len(res.logits) == seq.shape[1] - L
     chain = _hf_chain((mask != 0).int().argmax(1), min_p=min_p)
@@ -334,7 +335,37 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
                    return_dict_in_generate=True)
     assert len(seen) == 9  # one prefill + 8 decode steps
     assert len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
-    assert isinstance(res.past_key_values, StaticKVCache)
+    # What transformers returns by default, holding every position but the last token's.
+    assert type(res.past_key_values) is DynamicCache
+    assert res.past_key_values.get_seq_length() == res.sequences.shape[1] - 1
+
+
+def test_buffers_double_between_steps(monkeypatch):
+    """A huge max_new_tokens allocates a bounded start and doubles it; tokens stay exact."""
+    import gpu_sampler.generation as gen
+
+    model = tiny_model("gpt2", seed=19)
+    monkeypatch.setattr(gen, "_INITIAL_NEW_POSITIONS", 3)
+    caps = []
+    real_grow = gen._grow_cache
+
+    def grow(model, cache, B, length):
+        caps.append(length)
+        return real_grow(model, cache, B, length)
+
+    monkeypatch.setattr(gen, "_grow_cache", grow)
+    ids, mask = _prompts([6, 2], _seed())
+    L = ids.shape[1]
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                         repetition_penalty=1.2, return_dict_in_generate=True)
+    res = generate(model, ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                   repetition_penalty=1.2, return_dict_in_generate=True)
+    assert torch.equal(res.sequences, ref.sequences)
+    # Capacity L + 3, then doubled: 12, 24, then capped at the L + 39 positions fed.
+    assert caps == [2 * (L + 3), 4 * (L + 3), L + 39]
+    k_ref, k = ref.past_key_values.layers[0].keys, res.past_key_values.layers[0].keys
+    assert k.shape == k_ref.shape
+    torch.testing.assert_close(k, k_ref, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
@@ -348,8 +379,10 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
     (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),
     (dict(do_sample=True, typical_p=0.5), NotImplementedError, "typical_p"),
     (dict(sequence_bias={(5,): 1.0}), NotImplementedError, "sequence_bias"),
-    (dict(output_attentions=True, return_dict_in_generate=True), NotImplementedError,
-     "output_attentions"),
+    (dict(cache_implementation="paged"), NotImplementedError, "cache_implementation"),
+    (dict(negative_prompt_ids=torch.ones(1, 2, dtype=torch.long)), NotImplementedError,
+     "negative_prompt_ids"),
+    (dict(custom_generate=lambda *a, **k: None), NotImplementedError, "custom_generate"),
     (dict(not_an_argument=3), ValueError, "not_an_argument"),
     (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
     (dict(max_new_tokens=-2), ValueError, "max_new_tokens"),
