@@ -71,7 +71,7 @@ _UNSUPPORTED_CONFIG = (
 _UNSUPPORTED_ARGS = ("assistant_tokenizer",)
 # Model inputs generate() forwards to the model besides the prompt and its attention mask.
 _MODEL_INPUTS = ("past_key_values", "inputs_embeds", "position_ids", "token_type_ids",
-                 "logits_to_keep", "input_ids")
+                 "logits_to_keep", "input_ids", "output_attentions", "output_hidden_states")
 # Processors that run in torch before the fused warpers (never fused).
 _TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor,)
 # New positions the buffers hold before the first doubling.
@@ -325,7 +325,8 @@ def _prepare_inputs(model, run, inputs, streamer):
         if not isinstance(cache, Cache):
             raise ValueError(f"past_key_values must be a transformers Cache (DynamicCache, "
                              f"StaticCache, StaticKVCache), got {type(cache).__name__}")
-    past = cache.get_seq_length() if cache is not None else 0
+    # int(): transformers' StaticCache returns its live position counter (a tensor).
+    past = int(cache.get_seq_length()) if cache is not None else 0
     embeds = mk.pop("inputs_embeds", None)
     mask = mk.pop("attention_mask")
     if embeds is not None:
@@ -447,7 +448,9 @@ def _allocate(model, run):
             # Our cache stands in for transformers' DynamicCache and is converted at the end
             # when returned; sliding layers keep only a window, so then run on the real type.
             # Built lazily, so checking the config at the final length allocates nothing.
-            full = _own_cache(model, B, run.kv_total)
+            # Returned attention weights must span the written positions only, as with a
+            # DynamicCache (padding rows' uniform weights depend on the span): run on one.
+            full = None if run.want_attn else _own_cache(model, B, run.kv_total)
             if full is None or (gc.return_dict_in_generate and any(full.is_sliding)):
                 st.cache = DynamicCache(config=model.config)
             else:
@@ -677,10 +680,6 @@ def _decode(model, run, st, streamer):
 
 def _record(run, st, all_attn, all_hidden, attn, hidden):
     if run.want_attn:
-        if st.own:
-            # transformers' DynamicCache attends over the written positions only; ours spans
-            # its capacity, where the unwritten tail has zero weight.
-            attn = tuple(a[..., :st.kv] for a in attn)
         all_attn.append(attn)
     if run.want_hidden:
         all_hidden.append(hidden)
