@@ -454,3 +454,55 @@ def test_compile_inductor_same_tokens_as_eager():
     kw = dict(max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20, seed=3)
     assert torch.equal(generate(model, ids, attention_mask=mask, compile=True, **kw),
                        generate(model, ids, attention_mask=mask, **kw))
+
+
+def test_huge_max_new_tokens_allocates_what_is_generated():
+    """max_new_tokens=10**9 as "no limit": bounded buffers, stopped by a criterion."""
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    model = tiny_model("llama", seed=20)
+    ids, mask = _prompts([5, 3], _seed())
+    L = ids.shape[1]
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= L + 6)
+
+    kw = dict(attention_mask=mask, max_new_tokens=10**9, do_sample=False,
+              stopping_criteria=StoppingCriteriaList([StopAt()]), return_dict_in_generate=True)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.sequences.shape[1] == L + 6
+
+
+def test_too_small_static_cache_is_refused_before_any_write():
+    model = tiny_model("llama", seed=21)
+    ids = torch.randint(3, V, (1, 6))
+    cache = StaticKVCache(model.config, 1, 8)
+    with pytest.raises(ValueError, match="past_key_values"):
+        generate(model, ids, past_key_values=cache, max_new_tokens=5)
+    assert cache.get_seq_length() == 0
+
+
+def test_compile_config_follows_transformers_auto_compile(monkeypatch):
+    """compile_config is honoured where transformers would compile (a static cache on an
+    accelerator, or CompileConfig._compile_all_devices); never for the default cache."""
+    from transformers import CompileConfig
+
+    model = tiny_model("llama", seed=22)
+    ids, mask = _prompts([5, 3], _seed())
+    ref = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    used = []
+
+    def compiled_call(config):
+        used.append(config)
+        return model.__call__
+
+    monkeypatch.setattr(model, "get_compiled_call", compiled_call)
+    config = CompileConfig()
+    config._compile_all_devices = True
+    for impl in (None, "static"):
+        out = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                       cache_implementation=impl, compile_config=config)
+        assert torch.equal(out, ref)
+    assert used == [config]
