@@ -34,24 +34,20 @@ _WARPERS = ((lp.TemperatureLogitsWarper, "temperature"), (lp.TopKLogitsWarper, "
 # transformers processors generate() would build that this loop does not implement, by the
 # argument that turns them on.
 _UNSUPPORTED_PROCESSORS = {
-    "SequenceBiasLogitsProcessor": "sequence_bias",
     "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
     "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
-    "TypicalLogitsWarper": "typical_p",
-    "EpsilonLogitsWarper": "epsilon_cutoff",
-    "EtaLogitsWarper": "eta_cutoff",
-    "TopHLogitsWarper": "top_h",
-    "SuppressTokensLogitsProcessor": "suppress_tokens",
-    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
-    "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
-    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id",
-    "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
-    "LogitNormalization": "renormalize_logits",
-    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
-    "WatermarkLogitsProcessor": "watermarking_config",
     "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
     "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
 }
+# transformers' own processors that run as they are, in torch, at their place in the chain (a
+# warper behind them is not fused, so the order stays transformers').
+_TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor, lp.SequenceBiasLogitsProcessor,
+               lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
+               lp.TopHLogitsWarper, lp.SuppressTokensLogitsProcessor,
+               lp.SuppressTokensAtBeginLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
+               lp.ForcedEOSTokenLogitsProcessor, lp.ExponentialDecayLengthPenalty,
+               lp.LogitNormalization, lp.WatermarkLogitsProcessor,
+               lp.SynthIDTextWatermarkLogitsProcessor)
 # generate() arguments with a non-default value that this loop cannot honour.
 _UNSUPPORTED_CONFIG = (
     ("num_beams", lambda v: v is not None and v > 1),
@@ -72,8 +68,6 @@ _UNSUPPORTED_ARGS = ("assistant_tokenizer",)
 # Model inputs generate() forwards to the model besides the prompt and its attention mask.
 _MODEL_INPUTS = ("past_key_values", "inputs_embeds", "position_ids", "token_type_ids",
                  "logits_to_keep", "input_ids", "output_attentions", "output_hidden_states")
-# Processors that run in torch before the fused warpers (never fused).
-_TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor,)
 # New positions the buffers hold before the first doubling.
 _INITIAL_NEW_POSITIONS = 256
 

@@ -377,8 +377,7 @@ def test_buffers_double_between_steps(monkeypatch):
      "prefix_allowed_tokens_fn"),
     (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
     (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),
-    (dict(do_sample=True, typical_p=0.5), NotImplementedError, "typical_p"),
-    (dict(sequence_bias={(5,): 1.0}), NotImplementedError, "sequence_bias"),
+    (dict(encoder_repetition_penalty=1.5), NotImplementedError, "encoder_repetition_penalty"),
     (dict(cache_implementation="paged"), NotImplementedError, "cache_implementation"),
     (dict(negative_prompt_ids=torch.ones(1, 2, dtype=torch.long)), NotImplementedError,
      "negative_prompt_ids"),
@@ -506,3 +505,36 @@ def test_compile_config_follows_transformers_auto_compile(monkeypatch):
                        cache_implementation=impl, compile_config=config)
         assert torch.equal(out, ref)
     assert used == [config]
+
+
+TORCH_SIDE_CASES = {
+    "sequence_bias": dict(sequence_bias={(5,): 4.0, (7, 8): -3.0}),
+    "suppress_tokens": dict(suppress_tokens=[5, 6, 7]),
+    "begin_suppress_tokens": dict(begin_suppress_tokens=[5, 6]),
+    "forced_bos": dict(forced_bos_token_id=4),
+    "forced_eos": dict(forced_eos_token_id=3),
+    "exp_decay": dict(exponential_decay_length_penalty=(2, 1.5), eos_token_id=3),
+    "renormalize": dict(renormalize_logits=True, repetition_penalty=1.3),
+    "typical": dict(do_sample=True, typical_p=0.6, temperature=0.8),
+    "epsilon": dict(do_sample=True, epsilon_cutoff=3e-3, top_k=20),
+    "eta": dict(do_sample=True, eta_cutoff=1e-3, top_p=0.9),
+    "top_h": dict(do_sample=True, top_h=0.4),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCH_SIDE_CASES))
+def test_other_transformers_processors_match_hf(case):
+    """Processors without a fused twin run as transformers' own, in transformers' order."""
+    model = tiny_model("gpt2", seed=23)
+    ids, mask = _prompts([5, 3], _seed())
+    L = ids.shape[1]
+    kw = dict(TORCH_SIDE_CASES[case], attention_mask=mask, max_new_tokens=6,
+              return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+    kw.setdefault("eos_token_id", None)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, seed=1, **kw)
+    if not kw.get("do_sample"):
+        assert torch.equal(out.sequences, ref.sequences)
+    for i, s in enumerate(out.scores):  # every drawn token is inside the processed support
+        assert bool(torch.isfinite(s.gather(1, out.sequences[:, L + i, None])).all())
+    torch.testing.assert_close(out.scores[0], ref.scores[0], atol=1e-5, rtol=0)
