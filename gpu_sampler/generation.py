@@ -484,6 +484,7 @@ def _allocate(model, run):
         keep = torch.arange(run.L0, device=device)[None, :] >= first[:, None]
         st.hist[:, :run.L0] = torch.where(keep, run.input_ids, -1)
     st.step = _make_step(model, run, st)
+    _set_fixed_inputs(run, st)
     return st
 
 
@@ -492,6 +493,7 @@ def _ensure_room(model, run, st, kv_need, seq_need):
     if st.own and kv_need > st.cache_cap:
         st.cache_cap = min(run.kv_total, max(kv_need, 2 * st.cache_cap))
         st.cache = _grow_cache(model, st.cache, run.B, st.cache_cap)
+        _set_fixed_inputs(run, st)
         _mark_static(run, st)
     kv_cap = max(kv_need, st.cache_cap if st.own else 0)
     if kv_cap > st.mask.shape[1]:
@@ -545,7 +547,7 @@ def _make_step(model, run, st):
 
 def _model_inputs(run, st, q, ids=None, embeds=None):
     """Keyword arguments for one forward over `q` new positions starting at st.kv."""
-    kw = {}
+    kw = dict(st.fixed_kw)
     if embeds is not None:
         kw["inputs_embeds"] = embeds
     else:
@@ -553,29 +555,32 @@ def _model_inputs(run, st, q, ids=None, embeds=None):
     start = st.kv
     if st.cache is None:
         start, q = 0, st.kv + q  # no cache: the whole sequence every step
-        kw["use_cache"] = False
-    else:
-        kw["past_key_values"] = st.cache
-        kw["use_cache"] = True
     end = start + q
     if run.takes_mask:
-        # A static cache attends over its whole length: the 2-D mask must be that long (ALiBi
-        # models build their bias from it); unwritten slots are 1 and hidden by causality.
-        n = end
-        if st.cache is not None and st.cache.is_compileable:
-            n = max(end, st.cache.get_max_length())
-        kw["attention_mask"] = st.mask[:, :n]
+        kw["attention_mask"] = st.mask[:, :max(end, st.static_len)]
     if run.takes_pos:
         kw["position_ids"] = st.pos[:, start:end]
     if st.tt is not None:
         kw["token_type_ids"] = st.tt[:, start:end]
+    return kw
+
+
+def _set_fixed_inputs(run, st):
+    """The forward arguments that change only when the cache is replaced (growth)."""
+    kw = {"use_cache": st.cache is not None}
+    if st.cache is not None:
+        kw["past_key_values"] = st.cache
     if run.logits_to_keep is not None:
         kw["logits_to_keep"] = run.logits_to_keep
     if run.want_attn:
         kw["output_attentions"] = True
     if run.want_hidden:
         kw["output_hidden_states"] = True
-    return kw
+    st.fixed_kw = kw
+    # A static cache attends over its whole length: the 2-D mask must be that long (ALiBi
+    # models build their bias from it); unwritten slots are 1 and hidden by causality.
+    static = st.cache is not None and st.cache.is_compileable
+    st.static_len = st.cache.get_max_length() if static else 0
 
 
 def _prefill(model, run, st):
@@ -645,12 +650,13 @@ def _decode(model, run, st, streamer):
             if not bool(unfinished.any()):
                 break
         _ensure_room(model, run, st, st.kv + 1, cur + 2)
-        st.mask[:, st.kv] = 1
-        st.pos[:, st.kv] = st.next_pos
         if st.cache is None:
+            st.pos[:, st.kv] = st.next_pos
             kw = _model_inputs(run, st, 1, ids=st.out[:, :cur + 1])
         else:
             kw = _model_inputs(run, st, 1, ids=tok[:, None])
+            if run.takes_pos:
+                kw["position_ids"] = st.next_pos[:, None]
         logits, attn, hidden = st.step(kw)
         logits = logits.to(torch.float32, copy=True)
         st.kv += 1
