@@ -1,10 +1,18 @@
 """Drop-in replacement for ``model.generate`` (greedy and sampling) built on ``sample()``.
 
-Configuration is resolved exactly as transformers 5.x does it (the model's own helpers for
-config priority, special tokens, lengths, processors and stopping criteria), then one prefill and
-a decode loop run on a :class:`~gpu_sampler.cache.StaticKVCache`. Penalties, temperature,
-top-k, top-p, min-p and the draw happen in one ``sample()`` call per step; the -inf mask
-processors (no_repeat_ngram, bad_words, min_length) and user processors run in torch first.
+Configuration and inputs are resolved exactly as transformers 5.x does it (the model's own
+helpers for config priority, inputs / inputs_embeds, special tokens, masks, positions, lengths,
+processors and stopping criteria), then one prefill and a decode loop. The loop runs on an
+internal :class:`~gpu_sampler.cache.StaticKVCache` that stands in for transformers' default
+``DynamicCache`` (and is converted to one when returned), or on the cache transformers would use
+(a passed ``past_key_values``, ``cache_implementation="static"``, ...). Penalties, temperature,
+top-k, top-p, min-p and the draw happen in one ``sample()`` call per step; transformers' other
+processors and user processors run in torch first, in transformers' order.
+
+One function, one job: ``generate`` -> ``_resolve_config`` (config priority) ->
+``_refuse_unsupported`` -> ``_prepare_inputs`` (prompt, mask, positions, lengths, passed cache)
+-> ``_plan_step`` (processors, criteria, sample() arguments) -> ``_allocate`` (working cache and
+buffers) -> ``_decode`` (prefill, loop, outputs).
 """
 import inspect
 import types
@@ -340,7 +348,8 @@ def _prepare_inputs(model, run, inputs, streamer):
         raise ValueError(f"input_ids has {L0} tokens, fewer than the {new} to feed")
     run.gc, run.model_kwargs = gc, mk
     run.input_ids, run.embeds, run.mask, run.cache = input_ids, embeds, mask, cache
-    run.device, run.B, run.L0, run.P, run.past, run.new = device, input_ids.shape[0], L0, P, past, new
+    run.device, run.B, run.L0, run.P = device, input_ids.shape[0], L0, P
+    run.past, run.new = past, new
     run.B0 = inputs_tensor.shape[0]
     run.max_new = gc.max_length - L0
     # Positions the model will hold at the end (the last token is never fed), as transformers

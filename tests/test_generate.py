@@ -538,3 +538,14 @@ def test_other_transformers_processors_match_hf(case):
     for i, s in enumerate(out.scores):  # every drawn token is inside the processed support
         assert bool(torch.isfinite(s.gather(1, out.sequences[:, L + i, None])).all())
     torch.testing.assert_close(out.scores[0], ref.scores[0], atol=1e-5, rtol=0)
+
+
+def test_signature_is_transformers():
+    """Same parameters in the same order as GenerationMixin.generate (after the model)."""
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    ours = list(inspect.signature(generate).parameters)[1:]
+    theirs = list(inspect.signature(GenerationMixin.generate).parameters)[1:]
+    assert ours == theirs
