@@ -243,6 +243,9 @@ def _resolve_config(model, generation_config, kwargs):
     """transformers' config priority: kwargs > generation_config > the model's defaults."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise NotImplementedError("gpu_sampler.generate supports decoder-only models only")
+    if not model._supports_default_dynamic_cache():
+        raise NotImplementedError(f"gpu_sampler.generate does not support {type(model).__name__} "
+                                  f"(its cache is not a transformers key/value Cache)")
     defaults = model.generation_config
     has_default_max = (kwargs.get("max_length") is None and (
         generation_config is None or generation_config.max_length is None)
@@ -446,7 +449,7 @@ def _allocate(model, run):
             # same (sticky) length as model.generate would use.
             made = {}
             model._prepare_cache_for_generation(gc, made, None, run.B0, run.kv_total)
-            st.cache = made["past_key_values"]
+            st.cache = made.get("past_key_values")
         else:
             # Our cache stands in for transformers' DynamicCache and is converted at the end
             # when returned; sliding layers keep only a window, so then run on the real type.
