@@ -311,8 +311,8 @@ def _prepare_inputs(model, run, inputs, streamer):
     if input_name == "inputs_embeds":
         gc.use_cache = True  # transformers: embeddings are only consumed with a cache
 
-    nrs = gc.num_return_sequences or 1
-    input_ids, mk = model._expand_inputs_for_generation(input_ids=input_ids, expand_size=nrs,
+    expand = max(gc.num_beams or 1, gc.num_return_sequences or 1)
+    input_ids, mk = model._expand_inputs_for_generation(input_ids=input_ids, expand_size=expand,
                                                          **mk)
     if streamer is not None:
         streamer.put(input_ids.cpu())

@@ -131,6 +131,25 @@ def _check_outputs(model, cache_implementation):
     assert type(ref.past_key_values) is (StaticCache if cache_implementation else DynamicCache)
     assert out.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
     assert out.past_key_values.get_max_length() == ref.past_key_values.get_max_length()
+    _assert_same_cache(out.past_key_values, ref.past_key_values)
+
+
+def _assert_same_cache(ours, theirs, mask=None):
+    """Same cache type, layer types, shapes and states; with `mask`, states at padding
+    positions are not compared (no query attends them; above layer 0 they depend on how
+    many key slots a fully masked padding query spreads its weight over)."""
+    assert type(ours) is type(theirs) and len(ours.layers) == len(theirs.layers)
+    for a, b in zip(ours.layers, theirs.layers):
+        assert type(a) is type(b)
+        ka, va, kb, vb = a.keys, a.values, b.keys, b.values
+        if mask is not None:
+            # A sliding layer stores only its last positions.
+            n = a.get_seq_length()
+            full = torch.ones(mask.shape[0], n, dtype=torch.bool)
+            full[:, :mask.shape[1]] = mask.bool()
+            keep = full[:, n - ka.shape[2]:, None][:, None]
+            ka, va, kb, vb = (t.masked_fill(~keep, 0) for t in (ka, va, kb, vb))
+        _assert_same_structure((ka, va), (kb, vb), "cache")
 
 
 def test_continue_from_returned_cache(model):
@@ -139,6 +158,7 @@ def test_continue_from_returned_cache(model):
     ref = model.generate(ids, attention_mask=mask, **kw)
     out = generate(model, ids, attention_mask=mask, **kw)
     assert torch.equal(out.sequences, ref.sequences)
+    _assert_same_cache(out.past_key_values, ref.past_key_values, mask)
     more = torch.randint(3, V, (2, 3), generator=torch.Generator().manual_seed(5))
     new_ids = torch.cat([ref.sequences, more], dim=1)
     new_mask = torch.cat([mask, torch.ones(2, new_ids.shape[1] - mask.shape[1],
