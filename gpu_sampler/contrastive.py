@@ -24,16 +24,13 @@ temperature (0 = the paper's greedy search), top-k, top-p, min-p and the draw. E
 ``contrastive_scores_reference`` is the torch twin of ``kernels.contrastive_scores`` (Triton);
 ``contrastive_scores`` validates and dispatches between them. ``generate(..., amateur_model=...)``
 runs the amateur on its own StaticKVCache next to the model and feeds these scores to the loop
-(``paired_forward``).
+(``generation._contrastive_logits``).
 """
-import inspect
-import math
 import numbers
-import struct
 
 import torch
 
-from .sampler import _normalise, _param, _pick_backend
+from .sampler import _RULES, _f32, _normalise, _param, _pick_backend
 
 __all__ = ["contrastive_scores", "contrastive_scores_reference"]
 
@@ -42,41 +39,12 @@ CD_BETA = 0.5
 _AMATEUR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _f32(v):
-    """The float32 value of a Python number (+-inf when it overflows float32)."""
-    try:
-        return struct.unpack("f", struct.pack("f", v))[0]
-    except OverflowError:
-        return math.copysign(math.inf, v)
-
-
-def _alpha_bad(v):
-    return not 0.0 <= v <= 1.0
-
-
-def _beta_bad(v):
-    return not (math.isfinite(v) and v >= 0.0)
-
-
-_CD_RULES = {
-    "cd_alpha": (lambda v: ~((v >= 0) & (v <= 1)), _alpha_bad),
-    "cd_beta": (lambda v: (v < 0) | ~v.isfinite(), _beta_bad),
-}
-
-
 def check_cd_param(name, value, B, device, check=True):
     """cd_alpha / cd_beta as a float32-exact Python float or a float32 (B,) tensor.
 
     Scalars are rounded to float32 before the range test, so both backends see the same value.
     """
-    tensor_bad, scalar_bad = _CD_RULES[name]
-    v = _param(name, value, B, device, "float", check, tensor_bad, scalar_bad)
-    if isinstance(v, torch.Tensor):
-        return v
-    v32 = _f32(v)
-    if scalar_bad(v32):
-        raise ValueError(f"{name} has an invalid value {value!r} (float32: {v32!r})")
-    return v32
+    return _param(name, value, B, None, device, check)
 
 
 def _given(value, default):
@@ -124,7 +92,7 @@ def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_b
     bad = M.squeeze(1).isnan() | a.amax(1).isnan()  # amax propagates NaN: one cheap pass
     for name, v in (("cd_alpha", cd_alpha), ("cd_beta", cd_beta)):
         if isinstance(v, torch.Tensor):
-            bad |= _CD_RULES[name][0](v)
+            bad |= _RULES[name][1](v)
     return s.masked_fill_(bad[:, None], float("nan"))
 
 
@@ -244,41 +212,3 @@ def pop_generate_args(model, kwargs):
         raise ValueError(f"amateur_model has a vocabulary of {va} tokens but model has {ve}: "
                          f"contrastive decoding needs the same vocabulary in both models")
     return amateur, alpha, beta
-
-
-def model_forward(model, cache):
-    """``(ids, mask, pos) -> last-position logits [B, V]`` for one model on its own cache."""
-    params = inspect.signature(model.forward).parameters
-    fwd = {"past_key_values": cache, "use_cache": True}
-    if "logits_to_keep" in params:
-        fwd["logits_to_keep"] = 1
-    takes_mask = "attention_mask" in params
-    takes_pos = "position_ids" in params
-
-    def forward(ids, mask, pos):
-        kw = dict(fwd)
-        if takes_mask:
-            kw["attention_mask"] = mask
-        if takes_pos:
-            kw["position_ids"] = pos
-        return model(input_ids=ids, **kw).logits[:, -1, :]
-
-    return forward
-
-
-def paired_forward(forward, contrastive, batch_size, cache_len):
-    """Wrap generate()'s model step so it returns contrastive scores (float32 [B, V]).
-
-    ``contrastive`` is what ``pop_generate_args`` returned. The amateur sees the same ids, mask
-    and positions as the model, on its own StaticKVCache of the same length.
-    """
-    from .cache import StaticKVCache
-
-    amateur, alpha, beta = contrastive
-    amateur_forward = model_forward(amateur, StaticKVCache(amateur.config, batch_size, cache_len))
-
-    def both(ids, mask, pos):
-        return contrastive_scores(forward(ids, mask, pos), amateur_forward(ids, mask, pos),
-                                  cd_alpha=alpha, cd_beta=beta, check=False)
-
-    return both

@@ -142,6 +142,9 @@ _RULES = {
     "presence_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not math.isfinite(v)),
     "frequency_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not math.isfinite(v)),
     "prompt_lens": ("int", lambda v: v < 0, lambda v: v < 0),
+    # contrastive decoding (gpu_sampler/contrastive.py)
+    "cd_alpha": ("float", _not_in_unit, lambda v: not 0 <= v <= 1),
+    "cd_beta": ("float", lambda v: ~((v >= 0) & (v < _INF)), lambda v: not 0 <= v < _INF),
     "seed": ("seed", None, None),
     "offset": ("seed", None, None),
 }
