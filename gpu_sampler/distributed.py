@@ -36,8 +36,9 @@ _NEG = float("-inf")
 _Z_TOL = 8 * torch.finfo(torch.float32).eps
 _META = 22  # length of the per-rank argument fingerprint vector
 
-# Bytes this process contributed to collectives (payload x (world - 1)), for bench/.
-bytes_sent = 0
+# What this process sent, for bench/ and tests: bytes (payload x (world - 1), as a ring
+# all_gather sends), collectives, escalation rounds and full-row gathers.
+stats = dict(bytes_sent=0, collectives=0, escalations=0, full_rows=0)
 
 
 # ---------------------------------------------------------------- collectives
@@ -50,12 +51,12 @@ def _comm_device(group, logits):
 
 def _gather(t, group, cdev):
     """all_gather of one tensor: [W, *t.shape] on t's device."""
-    global bytes_sent
     W = dist.get_world_size(group)
     src = t.contiguous().to(cdev)
     out = [torch.empty_like(src) for _ in range(W)]
     dist.all_gather(out, src, group=group)
-    bytes_sent += src.numel() * src.element_size() * (W - 1)
+    stats["bytes_sent"] += src.numel() * src.element_size() * (W - 1)
+    stats["collectives"] += 1
     return torch.stack(out).to(t.device)
 
 
@@ -435,13 +436,13 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
     seeds_col = torch.zeros(B, 2, dtype=torch.int32, device=dev)
     if draw_seeds:
         seeds_col = sampler._draw_seeds(B, dev, generator, True).view(torch.int32).view(B, 2)
-    stats = torch.cat([_f32_bits(mx)[:, None], arg.to(torch.int32)[:, None],
+    row_stats = torch.cat([_f32_bits(mx)[:, None], arg.to(torch.int32)[:, None],
                        _f32_bits(s_loc)[:, None], seeds_col], 1)
     C = 0 if all_greedy else min(cfg.C0, V)
     if C > 0:
-        cv, ci, st = _gather_top(shard, None, C, group, cdev, stats)
+        cv, ci, st = _gather_top(shard, None, C, group, cdev, row_stats)
     else:
-        st = _gather(stats, group, cdev)
+        st = _gather(row_stats, group, cdev)
     # st: [W, B, 5]
     mx_all = _bits_f32(st[:, :, 0])
     nanrow = mx_all.isnan().any(0)
@@ -520,6 +521,7 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
                 if bool(amb.any()):
                     r = amb.nonzero().squeeze(1)
                     full = _full_rows(shard, r, group, cdev)
+                    stats["full_rows"] += r.numel()
                     rr = torch.cat([r, r[:1]]) if r.numel() == 1 else r
                     fr = torch.cat([full, full[:1]]) if r.numel() == 1 else full
                     lse = torch.logsumexp(_divide(fr, _sub(tdiv_c, rr)), 1)
@@ -542,6 +544,7 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
                 r = esc.nonzero().squeeze(1)
                 C2 = min(V, 4 * max(int(have[r].max()), 1))
                 mv, mi, _ = _gather_top(shard, r, C2, group, cdev)
+                stats["escalations"] += 1
                 if cv.shape[1] < C2:
                     pad = C2 - cv.shape[1]
                     cv = torch.cat([cv, torch.full((B, pad), _NEG, device=dev)], 1)
