@@ -74,8 +74,11 @@ def _fingerprint(v):
         return 7
     if isinstance(v, torch.Tensor):
         t = v.detach().reshape(-1)
-        t = t.to(torch.float64).view(torch.int64) if t.dtype.is_floating_point else t.to(torch.int64)
-        w = torch.arange(1, t.numel() + 1, dtype=torch.int64, device=t.device) * -7046029254386353131
+        if t.dtype.is_floating_point:
+            t = t.to(torch.float64).view(torch.int64)
+        t = t.to(torch.int64)
+        w = torch.arange(1, t.numel() + 1, dtype=torch.int64, device=t.device)
+        w = w * -7046029254386353131  # odd multiplier: position-sensitive, wraps in int64
         return (int((t * w).sum()) ^ (t.numel() << 40)) & ((1 << 62) - 1)
     return hash(v) & ((1 << 62) - 1)
 
@@ -172,7 +175,9 @@ class _Config:
         self.k_any = bool(self.kact.any()) if self.k_tensor else self.kact
         self.K0 = (min(V, (int(k.max()) if self.k_tensor else k) + 1) if self.k_any
                    else min(V, reference._K0))
-        kmax_act = (int(torch.where(self.kact, k, 0).max()) if self.k_tensor else k) if self.k_any else 0
+        kmax_act = 0
+        if self.k_any:
+            kmax_act = int(torch.where(self.kact, k, 0).max()) if self.k_tensor else k
         self.C0 = min(self.K0, max(reference._K0, kmax_act + 1))
         self.p_on = reference._col(top_p) < 1.0
         self.p_any = bool(self.p_on.any()) if isinstance(self.p_on, torch.Tensor) else self.p_on
@@ -420,9 +425,16 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
     shard = _Shard(table, rank, vocab_start, x)
 
     # ---- the twin's row switches (reference._filter)
-    bad = reference._bad_rows(B, dev, temperature=T, top_k=k, top_p=top_p, min_p=min_p,
-                              repetition_penalty=rp, presence_penalty=pres,
-                              frequency_penalty=freq)
+    no_penalty = input_ids is None or all(
+        not isinstance(v, torch.Tensor) and v == off for v, off in ((rp, 1.0), (pres, 0.0),
+                                                                    (freq, 0.0)))
+    if want_draw and not isinstance(T, torch.Tensor) and T == 0 and no_penalty:
+        # sample_reference's all-greedy fast path checks only these.
+        bad = reference._bad_rows(B, dev, top_k=k, top_p=top_p, min_p=min_p)
+    else:
+        bad = reference._bad_rows(B, dev, temperature=T, top_k=k, top_p=top_p, min_p=min_p,
+                                  repetition_penalty=rp, presence_penalty=pres,
+                                  frequency_penalty=freq)
     valid = torch.ones(B, dtype=torch.bool, device=dev) if bad is None else ~bad
     if isinstance(T, torch.Tensor):
         greedy = T == 0
