@@ -33,46 +33,74 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, names, q):
+_GROUP = None  # the process group of the running check (a subgroup of WORLD)
+
+
+def _worker(rank, world, port, plan, q):
+    global _GROUP
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=60))
-        for name in names:
+        # new_group is collective over WORLD: every rank creates every group, in one order.
+        groups = {n: dist.new_group(list(range(n))) for n in sorted({n for n, _ in plan})}
+        for n, name in plan:
+            if rank >= n:
+                continue
+            _GROUP = groups[n]
             try:
-                CHECKS[name](rank, world)
-                q.put((rank, name, None))
+                CHECKS[name](rank, n)
+                q.put((rank, n, name, None))
             except Exception:
-                q.put((rank, name, traceback.format_exc()))
+                q.put((rank, n, name, traceback.format_exc()))
         dist.destroy_process_group()
     except Exception:
-        q.put((rank, "setup", traceback.format_exc()))
+        q.put((rank, world, "setup", traceback.format_exc()))
 
 
-def _launch(world, names):
+def _launch(plan):
+    """Run checks [(group size, name), ...] in one spawned world of max(size) ranks (process
+    startup dominates, so one launch serves every test). Returns {(size, name): [errors]}."""
+    world = max(n for n, _ in plan)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, names, q), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world, port, plan, q), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
-    failures = []
+    results = {key: [] for key in plan}
+    done = {key: 0 for key in plan}
     try:
-        for _ in range(world * len(names)):
-            rank, name, err = q.get(timeout=_WAIT)
+        for _ in range(sum(n for n, _ in plan)):
+            rank, n, name, err = q.get(timeout=_WAIT)
+            if name == "setup":
+                for key in plan:
+                    results[key].append(f"rank {rank} setup:\n{err}")
+                break
+            done[(n, name)] += 1
             if err is not None:
-                failures.append(f"rank {rank} {name}:\n{err}")
-                if name == "setup":
-                    break
+                results[(n, name)].append(f"rank {rank}:\n{err}")
     except Exception as exc:  # queue.Empty: something hung
-        failures.append(f"no answer within {_WAIT} s ({type(exc).__name__}): a rank hung")
+        for key in plan:
+            results[key].append(f"no answer within {_WAIT} s ({type(exc).__name__}): a rank hung")
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    assert not failures, "\n".join(failures)
+    for (n, name), count in done.items():
+        if count != n and not results[(n, name)]:
+            results[(n, name)].append(f"only {count} of {n} ranks reported")
+    return results
+
+
+def _gs(*args, **kw):
+    return gsd.sample(*args, group=_GROUP, **kw)
+
+
+def _gd(*args, **kw):
+    return gsd.sampling_distribution(*args, group=_GROUP, **kw)
 
 
 def _bounds(V, world, pad=0):
@@ -121,8 +149,8 @@ def _elementwise_rows(B, kw, V):
 
 
 def _same_everywhere(t):
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(_GROUP))]
+    dist.all_gather(out, t, group=_GROUP)
     assert all(torch.equal(o, t) for o in out), "ranks disagree"
 
 
@@ -135,7 +163,7 @@ def _compare(x, kw, rank, world, seeds=(0, 1, 2), pad=0, dist_check=True):
         off = torch.arange(B) * 5 + s
         a_tok, a_lp = gpu_sampler.sample(x, backend="torch", seed=s, offset=off,
                                          return_logprobs=True, **kw)
-        b_tok, b_lp = gsd.sample(sh, vocab_start=start, vocab_size=V, seed=s, offset=off,
+        b_tok, b_lp = _gs(sh, vocab_start=start, vocab_size=V, seed=s, offset=off,
                                  return_logprobs=True, **kw)
         assert torch.equal(a_tok, b_tok), (kw, s, a_tok, b_tok)
         assert torch.equal(a_lp[~loose], b_lp[~loose]), (kw, s, a_lp, b_lp)
@@ -144,7 +172,7 @@ def _compare(x, kw, rank, world, seeds=(0, 1, 2), pad=0, dist_check=True):
         _same_everywhere(b_lp)
     if dist_check:
         pa = gpu_sampler.sampling_distribution(x, backend="torch", **kw)
-        pb = gsd.sampling_distribution(sh, vocab_start=start, vocab_size=V, **kw)
+        pb = _gd(sh, vocab_start=start, vocab_size=V, **kw)
         n = min(sh.shape[1], max(V - start, 0))
         mine = pa[:, start:start + n]
         assert (pb[:, n:] == 0).all(), "padding columns got probability"
@@ -171,23 +199,26 @@ def _mixes(B, V, gen):
 
 # ---------------------------------------------------------------- checks (run in every rank)
 
-def check_mixes(rank, world, pad=0):
+def check_mixes(rank, world, pad=0, cases=(("random", 1000), ("ties", 517), ("neginf", 2003),
+                                           ("random", 7))):
     gen = torch.Generator().manual_seed(world)
-    for i, (kind, V) in enumerate([("random", 1000), ("ties", 517), ("neginf", 2003),
-                                   ("random", 7)]):
+    for i, (kind, V) in enumerate(cases):
         x = _logits(kind, 6, V, gen)
         for kw in _mixes(6, V, gen):
             _compare(x, kw, rank, world, pad=pad if i % 2 == 0 else 0, seeds=(i, 10 + i))
     x = _logits("random", 5, 1000, gen).to(torch.bfloat16)
-    _compare(x.float(), dict(temperature=0.7, top_k=20), rank, world)
     sh, start = _shard(x, rank, world)
     a = gpu_sampler.sample(x, backend="torch", seed=3, top_k=20, temperature=0.7)
-    assert torch.equal(a, gsd.sample(sh, vocab_start=start, vocab_size=1000, seed=3, top_k=20,
+    assert torch.equal(a, _gs(sh, vocab_start=start, vocab_size=1000, seed=3, top_k=20,
                                      temperature=0.7)), "bf16 shards"
 
 
 def check_mixes_padded(rank, world):
     check_mixes(rank, world, pad=3)
+
+
+def check_mixes_light(rank, world):
+    check_mixes(rank, world, pad=2, cases=(("random", 1000), ("neginf", 2003)))
 
 
 def check_fallbacks(rank, world):
@@ -225,21 +256,21 @@ def check_nan_and_dead_rows(rank, world):
     sh, start = _shard(x, rank, world)
     for T in (0.0, 0.8):
         with pytest.raises(ValueError, match="logits row 1 contains NaN"):
-            gsd.sample(sh, vocab_start=start, vocab_size=100, temperature=T, seed=0)
+            _gs(sh, vocab_start=start, vocab_size=100, temperature=T, seed=0)
         with pytest.raises(ValueError, match="logits row 1 contains NaN"):
-            gsd.sampling_distribution(sh, vocab_start=start, vocab_size=100, temperature=T)
+            _gd(sh, vocab_start=start, vocab_size=100, temperature=T)
         kw = dict(temperature=T, top_k=5, check=False)
         a = gpu_sampler.sample(x, backend="torch", seed=1, return_logprobs=True, **kw)
-        b = gsd.sample(sh, vocab_start=start, vocab_size=100, seed=1, return_logprobs=True, **kw)
+        b = _gs(sh, vocab_start=start, vocab_size=100, seed=1, return_logprobs=True, **kw)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
         assert b[0][1] == -1 and b[0][3] == -1 and b[1][3] == float("-inf")
-        d = gsd.sampling_distribution(sh, vocab_start=start, vocab_size=100, **kw)
+        d = _gd(sh, vocab_start=start, vocab_size=100, **kw)
         assert (d[[1, 3]] == 0).all()
     ok = x.clone()
     ok[1] = 0.0
     sh, start = _shard(ok, rank, world)
     with pytest.raises(ValueError, match="row 3 has no finite logit"):
-        gsd.sample(sh, vocab_start=start, vocab_size=100, seed=0)
+        _gs(sh, vocab_start=start, vocab_size=100, seed=0)
 
 
 def check_bad_arguments(rank, world):
@@ -268,10 +299,10 @@ def check_bad_arguments(rank, world):
         vsz = kw.pop("vocab_size", V)
         kw.setdefault("seed", 0)
         with pytest.raises(ValueError, match=msg):
-            gsd.sample(logits, vocab_start=vs, vocab_size=vsz, **kw)
+            _gs(logits, vocab_start=vs, vocab_size=vsz, **kw)
             raise AssertionError(f"no error for the case {msg!r}")
     a = gpu_sampler.sample(x, backend="torch", seed=4, top_k=5)
-    assert torch.equal(a, gsd.sample(sh, vocab_start=start, vocab_size=V, seed=4, top_k=5))
+    assert torch.equal(a, _gs(sh, vocab_start=start, vocab_size=V, seed=4, top_k=5))
 
 
 def check_generator_and_overflow(rank, world):
@@ -280,7 +311,7 @@ def check_generator_and_overflow(rank, world):
     sh, start = _shard(x, rank, world)
     # Each rank's generator differs; rank 0's draw decides, the others advance in step.
     g = torch.Generator().manual_seed(100 + rank)
-    tok = gsd.sample(sh, vocab_start=start, vocab_size=300, generator=g, top_k=30)
+    tok = _gs(sh, vocab_start=start, vocab_size=300, generator=g, top_k=30)
     _same_everywhere(tok)
     ref = gpu_sampler.sample(x, backend="torch", generator=torch.Generator().manual_seed(100),
                              top_k=30)
@@ -288,7 +319,7 @@ def check_generator_and_overflow(rank, world):
     assert g.initial_seed() == 100 + rank and g.get_state().ne(
         torch.Generator().manual_seed(100 + rank).get_state()).any(), "generator did not advance"
     torch.manual_seed(rank)  # default generators differ per rank: still one answer
-    _same_everywhere(gsd.sample(sh, vocab_start=start, vocab_size=300))
+    _same_everywhere(_gs(sh, vocab_start=start, vocab_size=300))
     # x / T overflows: the kept set is the argmax tie group of the penalised logits (GUIDE).
     y = torch.randn(3, 300, generator=gen)
     y[0, [5, 150, 299]] = 10.0
@@ -297,7 +328,7 @@ def check_generator_and_overflow(rank, world):
     sh, start = _shard(y, rank, world)
     ties = [{5, 150, 299}, {7, 200}, {123}]
     for s in range(6):
-        t, lp = gsd.sample(sh, vocab_start=start, vocab_size=300, temperature=1e-40, seed=s,
+        t, lp = _gs(sh, vocab_start=start, vocab_size=300, temperature=1e-40, seed=s,
                            top_p=0.5, return_logprobs=True)
         for r in range(3):
             assert int(t[r]) in ties[r], (r, t)
@@ -312,9 +343,10 @@ def check_tp_example(rank, world):
     from gpu_sampler.tiny import build_model
     model = build_model(1000, seed=0, hidden_size=64, num_layers=2)
     prompt = torch.tensor([[1, 17, 250, 31, 999], [1, 5, 6, 7, 8]])
-    got_g = ex.tp_generate(model, prompt, 10, temperature=0.0, repetition_penalty=1.1)
+    got_g = ex.tp_generate(model, prompt, 10, group=_GROUP, temperature=0.0,
+                           repetition_penalty=1.1)
     kw = dict(temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.2)
-    got_s = ex.tp_generate(model, prompt, 10, seed=11, **kw)
+    got_s = ex.tp_generate(model, prompt, 10, group=_GROUP, seed=11, **kw)
     ref_g = gpu_sampler.generate(model, prompt, max_new_tokens=10, do_sample=False,
                                  repetition_penalty=1.1)
     ref_s = gpu_sampler.generate(model, prompt, max_new_tokens=10, do_sample=True, seed=11, **kw)
@@ -322,20 +354,36 @@ def check_tp_example(rank, world):
     assert torch.equal(got_s, ref_s), (got_s, ref_s)
 
 
-CHECKS = {f.__name__[6:]: f for f in (check_mixes, check_mixes_padded, check_fallbacks,
+CHECKS = {f.__name__[6:]: f for f in (check_mixes, check_mixes_padded, check_mixes_light,
+                                       check_fallbacks,
                                        check_nan_and_dead_rows, check_bad_arguments,
                                        check_generator_and_overflow, check_tp_example)}
 
 
 # ---------------------------------------------------------------- tests
 
-def test_two_ranks_padded_vocab_generator_overflow_tp_example():
-    _launch(2, ["mixes_padded", "generator_and_overflow", "tp_example"])
+_PLAN = [(2, "mixes_padded"), (2, "generator_and_overflow"), (2, "tp_example"),
+         (3, "mixes"), (3, "fallbacks"), (3, "nan_and_dead_rows"), (3, "bad_arguments"),
+         (4, "mixes_light"), (4, "bad_arguments")]
 
 
-def test_three_uneven_ranks_fallbacks_errors():
-    _launch(3, ["mixes", "fallbacks", "nan_and_dead_rows", "bad_arguments"])
+@pytest.fixture(scope="module")
+def results():
+    return _launch(_PLAN)
 
 
-def test_four_ranks():
-    _launch(4, ["mixes_padded", "nan_and_dead_rows", "bad_arguments"])
+def _assert_ok(results, n, names):
+    errors = [f"world {n} {name}: {e}" for name in names for e in results[(n, name)]]
+    assert not errors, "\n".join(errors)
+
+
+def test_two_ranks_padded_vocab_generator_overflow_tp_example(results):
+    _assert_ok(results, 2, ["mixes_padded", "generator_and_overflow", "tp_example"])
+
+
+def test_three_uneven_ranks_fallbacks_errors(results):
+    _assert_ok(results, 3, ["mixes", "fallbacks", "nan_and_dead_rows", "bad_arguments"])
+
+
+def test_four_ranks_padded_vocab_errors(results):
+    _assert_ok(results, 4, ["mixes_light", "bad_arguments"])
