@@ -7,6 +7,7 @@ and calls ``gpu_sampler.distributed.sample``. Greedy output equals single-proces
 ``seed + b`` and offsets = position, as generate uses).
 
     torchrun --nproc-per-node 4 examples/tp_generate.py            # CPU, gloo
+    python -m torch.distributed.run --nproc-per-node 4 examples/tp_generate.py   # the same
 """
 import torch
 import torch.distributed as dist

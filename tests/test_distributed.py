@@ -218,7 +218,8 @@ def check_mixes_padded(rank, world):
 
 
 def check_mixes_light(rank, world):
-    check_mixes(rank, world, pad=2, cases=(("random", 1000), ("neginf", 2003)))
+    # V = 7 padded over 4 ranks: ranks 2 and 3 hold padding only.
+    check_mixes(rank, world, pad=2, cases=(("random", 1000), ("neginf", 2003), ("random", 7)))
 
 
 def check_fallbacks(rank, world):
@@ -303,6 +304,8 @@ def check_bad_arguments(rank, world):
             raise AssertionError(f"no error for the case {msg!r}")
     a = gpu_sampler.sample(x, backend="torch", seed=4, top_k=5)
     assert torch.equal(a, _gs(sh, vocab_start=start, vocab_size=V, seed=4, top_k=5))
+    empty = _gs(sh[:0], vocab_start=start, vocab_size=V, seed=4, return_logprobs=True)
+    assert empty[0].shape == (0,) and empty[1].shape == (0,)
 
 
 def check_generator_and_overflow(rank, world):
