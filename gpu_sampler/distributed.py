@@ -97,10 +97,8 @@ def _validate_local(local_logits, vocab_start, vocab_size, params, top_k, input_
         local_logits, {**params, "top_k": 0}, None, prompt_lens, generator, seed, offset, check,
         backend)
     B = local_logits.shape[0]
-    k = sampler._param("top_k", top_k, B, local_logits.device, "int", check,
-                       *sampler._RULES["top_k"][1:])
-    # k >= V keeps all (the GUIDE's clamp, against the *global* vocabulary).
-    p["top_k"] = k.clamp_max(vocab_size) if isinstance(k, torch.Tensor) else min(k, vocab_size)
+    # k >= V keeps all: clamped against the *global* vocabulary.
+    p["top_k"] = sampler._param("top_k", top_k, B, vocab_size, local_logits.device, check)
     if input_ids is not None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a 2-D [B, L] integer tensor, got "
