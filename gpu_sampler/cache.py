@@ -121,7 +121,12 @@ class StaticKVLayer(CacheLayerMixin):
         self.cumulative_length = max(0, min(self.cumulative_length, max_length))
 
     def reorder_cache(self, beam_idx):
-        raise NotImplementedError("StaticKVCache does not support reorder_cache (beam search)")
+        # Beam search: gather rows along the batch back into the same buffers (no reallocation).
+        if self.is_initialized and self.cumulative_length > 0:
+            n, pos = beam_idx.shape[0], self.cumulative_length
+            idx = beam_idx.to(device=self.keys.device, dtype=torch.long)
+            self.keys[:n, :, :pos] = self.keys[:n, :, :pos].index_select(0, idx)
+            self.values[:n, :, :pos] = self.values[:n, :, :pos].index_select(0, idx)
 
     def batch_repeat_interleave(self, repeats):
         raise NotImplementedError("StaticKVCache has a fixed batch; expand inputs before prefill")

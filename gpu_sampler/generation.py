@@ -54,7 +54,6 @@ _UNSUPPORTED_PROCESSORS = {
 }
 # generate() arguments with a non-default value that this loop cannot honour.
 _UNSUPPORTED_CONFIG = (
-    ("num_beams", lambda v: v is not None and v > 1),
     ("num_beam_groups", lambda v: v is not None and v > 1),
     ("diversity_penalty", lambda v: v not in (None, 0.0)),
     ("penalty_alpha", lambda v: v is not None),
@@ -245,9 +244,14 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     attention_mask = attention_mask.to(device)
 
     nrs = gc.num_return_sequences or 1
-    if nrs > 1:
-        input_ids = input_ids.repeat_interleave(nrs, dim=0)
-        attention_mask = attention_mask.repeat_interleave(nrs, dim=0)
+    beams = (gc.num_beams or 1) > 1
+    if beams and streamer is not None and not gc.do_sample:
+        raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
+                         "`num_beams` is set to 1.")
+    expand = max(gc.num_beams or 1, nrs)
+    if expand > 1:
+        input_ids = input_ids.repeat_interleave(expand, dim=0)
+        attention_mask = attention_mask.repeat_interleave(expand, dim=0)
     B, L = input_ids.shape
     if streamer is not None:
         streamer.put(input_ids.cpu())
@@ -264,6 +268,13 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
         prefix_allowed_tokens_fn=None, logits_processor=lp.LogitsProcessorList(user_lp),
         device=device, model_kwargs={"attention_mask": attention_mask})
     do_sample = bool(gc.do_sample)
+    if beams:
+        from .beam import beam_search
+        if presence or frequency or use_compile:
+            raise NotImplementedError("gpu_sampler.generate does not support presence_penalty, "
+                                      "frequency_penalty or compile with num_beams > 1")
+        return beam_search(model, input_ids, attention_mask, gc, procs, user_lp,
+                           stopping_criteria, tokenizer, seed=seed)
     torch_procs, fused = _plan_processors(procs, user_lp, do_sample)
 
     user_sc = list(stopping_criteria or [])

@@ -3,6 +3,7 @@
 Importing this package requires triton. Set TRITON_INTERPRET=1 *before* importing it to run the
 kernels on CPU tensors (the interpreter reads the variable when ``@triton.jit`` runs).
 """
+from .beam import beam_topk
 from .sampling import INVALID_TOKEN, fused_sample
 
-__all__ = ["fused_sample", "INVALID_TOKEN"]
+__all__ = ["fused_sample", "beam_topk", "INVALID_TOKEN"]
