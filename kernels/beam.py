@@ -140,7 +140,9 @@ def _beam_step_kernel(
         else:
             uk, uc, ui = _insert_tile(uk, uc, ui, c / temp + g, c, ids, BIG_ID)
 
-    logz = tl.log(Z)
+    logz = tl.zeros([], tl.float32)
+    if NORMALIZE:
+        logz = tl.log(Z)
     uv, uk = _final_keys(uc, ui, M, logz, 1.0, temp, k0, k1, NORMALIZE, HAS_NOISE)
     ureal = (slots < K) & (ui >= 0) & (ui < BIG_ID)
     uk = tl.where(ureal, uk, float("-inf"))
@@ -156,7 +158,7 @@ def _beam_step_kernel(
         m = tl.max(uk, axis=0)
         mi = tl.min(tl.where(uk == m, ui, BIG_ID + 4 * KP), axis=0)
         mv = tl.max(tl.where((uk == m) & (ui == mi), uv, float("-inf")), axis=0)
-        from_s = m < m  # false
+        from_s = tl.zeros([], tl.int1)
         if HAS_REP:
             ms = tl.max(sk, axis=0)
             msi = tl.min(tl.where(sk == ms, si, BIG_ID + 4 * KP), axis=0)
@@ -165,10 +167,13 @@ def _beam_step_kernel(
             m = tl.where(from_s, ms, m)
             mv = tl.where(from_s, msv, mv)
             mi = tl.where(from_s, msi, mi)
-            sk = tl.where(from_s & (si == msi), float("-inf"), sk)
-            si = tl.where(from_s & (si == msi), BIG_ID + 3 * KP, si)
-        uk = tl.where(~from_s & (ui == mi), float("-inf"), uk)
-        ui = tl.where(~from_s & (ui == mi), BIG_ID + 3 * KP, ui)
+            # (ids are never negative here: -7 matches nothing)
+            took_s = si == tl.where(from_s, msi, -7)
+            sk = tl.where(took_s, float("-inf"), sk)
+            si = tl.where(took_s, BIG_ID + 3 * KP, si)
+        took_u = ui == tl.where(from_s, -7, mi)
+        uk = tl.where(took_u, float("-inf"), uk)
+        ui = tl.where(took_u, BIG_ID + 3 * KP, ui)
         # A row with fewer than K real candidates reports id 0 with -inf (never selected
         # while the batch item has K finite candidates).
         real = mi < BIG_ID
