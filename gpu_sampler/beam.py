@@ -188,7 +188,10 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     logits, beam_indices, past_key_values).
     """
     if gc.low_memory:
-        raise ValueError("`low_memory=True` is not supported after the beam search refactor.")
+        raise ValueError(
+            "`low_memory=True` is not supported after the beam search refactor. Please check the "
+            "discussion in #35802 *after the PR got merged*, and add a comment there if your "
+            "questions are not yet answered.")
     nb, nrs = gc.num_beams, gc.num_return_sequences or 1
     N, L = input_ids.shape
     B = N // nb
