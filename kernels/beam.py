@@ -226,3 +226,28 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
         num_warps=num_warps or (8 if tile >= 1024 else 4),
     )
     return vals, keys, toks
+
+
+def compile_beam_step(arch=90, num_warps=8, K=8, **flags):
+    """Compile one constexpr variant of ``_beam_step_kernel`` for a CUDA target without a GPU
+    (the real Triton pipeline down to a cubin; TRITON_INTERPRET must be unset)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET to compile (the interpreter is active)")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptrs = {"logits_ptr": "*fp32", "cand_ptr": "*fp32", "ids_ptr": "*i64", "seed_ptr": "*i64",
+            "val_ptr": "*fp32", "key_ptr": "*fp32", "tok_ptr": "*i64"}
+    consts = dict(K=K, KP=_next_pow2(max(K, 2)), TILE=1024, L_BLOCK=128, NORMALIZE=True,
+                  HAS_CAND=True, HAS_REP=True, HAS_NOISE=True)
+    consts.update(flags)
+    sig, constexprs = {}, {}
+    for i, name in enumerate(_beam_step_kernel.arg_names):
+        if name in ptrs:
+            sig[name] = ptrs[name]
+        elif name in consts:
+            sig[name], constexprs[(i,)] = "constexpr", consts[name]
+        else:
+            sig[name] = {"rep": "fp32", "temp": "fp32", "L": "i64", "off_s": "i64"}.get(name, "i32")
+    src = ASTSource(fn=_beam_step_kernel, signature=sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
