@@ -35,45 +35,59 @@ _MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
 
 # ---- the beam step --------------------------------------------------------------------------
 
-def _sorted_topk(keys, k):
-    """Indices of the k largest keys per row, ordered key desc then index asc (deterministic
-    where torch.topk's tie order is not)."""
-    kth = torch.topk(keys, k, dim=-1).values[:, -1:]
-    ge = keys >= kth
-    cnt = ge.sum(-1)
-    if bool((cnt == k).all()):
-        idx = ge.nonzero()[:, 1].view(-1, k)  # ascending ids per row
-    else:  # a tie group straddles the k-th place: stable sort the rows (rare)
-        idx = torch.sort(keys, dim=-1, descending=True, stable=True).indices[:, :k]
-        idx = idx.sort(dim=-1).values
-    order = torch.sort(keys.gather(1, idx), dim=-1, descending=True, stable=True).indices
-    return idx.gather(1, order)
+def _topk_ids(keys, k):
+    """Ids of the k largest keys per row, ordered key desc then id asc (deterministic where
+    torch.topk's order among equal values is not)."""
+    V = keys.shape[1]
+    vals, idx = torch.topk(keys, min(k + 1, V), dim=-1)
+    if k < V:
+        # A tie group straddling the k-th place: which members are in is decided by the
+        # lowest ids, so those (rare) rows take a stable sort of the whole row.
+        straddle = (vals[:, k] == vals[:, k - 1]).nonzero().flatten()
+        if straddle.numel():
+            idx = idx.clone()
+            idx[straddle, :k] = torch.sort(keys[straddle], dim=-1, descending=True,
+                                           stable=True).indices[:, :k]
+    return _order(keys.gather(1, idx[:, :k]), idx[:, :k])
+
+
+def _order(keys, ids):
+    """(keys, ids) of a small candidate set sorted by key desc, then id asc."""
+    ids, pos = ids.sort(dim=-1)
+    keys = keys.gather(1, pos)
+    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    return keys.gather(1, order), ids.gather(1, order)
 
 
 def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetition_penalty=1.0,
                         temperature=1.0, input_ids=None, seed=None, offset=0):
-    """Torch twin of ``kernels.beam.beam_topk`` (same arguments, same results)."""
+    """Torch twin of ``kernels.beam.beam_topk`` (same arguments, same results).
+
+    On CPU a fused ``log_softmax`` over the row is the fastest normaliser, so the twin forms the
+    processed log-probs (transformers' own values, bit for bit) and then keeps k per row.
+    """
     x = logits.float()
-    c = x if candidates is None else candidates.float()
+    N, V = x.shape
     if normalize:
-        M = x.max(dim=-1, keepdim=True).values
-        logz = torch.log(torch.exp(x - M).sum(dim=-1, keepdim=True))
-        v = (c - M) - logz
+        v = F.log_softmax(x, dim=-1)
+        if candidates is not None:
+            v = v.masked_fill(candidates == float("-inf"), float("-inf"))
         if input_ids is not None and input_ids.shape[1] > 0 and repetition_penalty != 1.0:
-            N, V = v.shape
-            seen = torch.zeros(N, V + 1, dtype=torch.bool, device=v.device)
-            seen.scatter_(1, torch.where(input_ids < 0, V, input_ids), True)
-            v = torch.where(seen[:, :V], repetition_penalty * v, v)
+            # Padding (< 0) points at the row's largest id, so every write to an id carries
+            # the same value; a row without history rewrites v[:, 0] unchanged.
+            top = input_ids.max(dim=1, keepdim=True).values
+            ids = torch.where(input_ids < 0, top, input_ids).clamp_min(0)
+            g = v.gather(1, ids)
+            v.scatter_(1, ids, torch.where(top >= 0, repetition_penalty * g, g))  # lp <= 0
         if temperature != 1.0:
             v = v / temperature
     else:
-        v = c
+        v = x if candidates is None else candidates.float()
     keys = v
     if seed is not None:
-        ids = torch.arange(v.shape[1], device=v.device).expand_as(v)
-        keys = v + rng.gumbel_rows(seed, offset, ids)
-    idx = _sorted_topk(keys, k)
-    return v.gather(1, idx), keys.gather(1, idx), idx
+        keys = v + rng.gumbel_rows(seed, offset, torch.arange(V, device=v.device).expand(N, V))
+    keys, ids = _topk_ids(keys, k)
+    return (keys if seed is None else v.gather(1, ids)), keys, ids
 
 
 def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=1.0,
