@@ -98,8 +98,9 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
     ----------
     logits : float tensor [N, V] (float32/float16/bfloat16), one row per beam.
     k : int, 1 <= k <= V.
-    candidates : optional float tensor [N, V]: ``logits`` with -inf mask processors applied;
-        the normaliser still comes from ``logits``.
+    candidates : optional float tensor [N, V]: tokens where it is -inf are excluded (value
+        -inf), e.g. ``logits`` after transformers' mask processors; only its -inf pattern is
+        read, values and the normaliser come from ``logits``.
     normalize : bool. True: values are ``log_softmax(logits)`` (then penalty, temperature);
         False: ``logits`` are already processed log-probs, taken as they are.
     repetition_penalty : float > 0, applied to the log-probs of tokens in ``input_ids``

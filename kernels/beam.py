@@ -6,8 +6,8 @@ log-sum-exp and one or two K-slot candidate buffers in registers.
 
 Notation for one row (fp32):
     x       raw logits (normaliser source)
-    c       candidate logits: x, or x with transformers' -inf mask processors already applied
-            (no_repeat_ngram, bad_words, min_length: they only ever write -inf)
+    c       candidate logits: x, or -inf where the candidates tensor is -inf (transformers' mask
+            processors applied to a copy: no_repeat_ngram, bad_words, min_length only write -inf)
     lp      (c - M) - log Z                      log_softmax, transformers' order
     v       a * lp / T, a = penalty if the token is in the history else 1
             (RepetitionPenaltyLogitsProcessor on log-probs: lp <= 0, so it multiplies)
@@ -118,7 +118,8 @@ def _beam_step_kernel(
             M = new_m
         c = x
         if HAS_CAND:
-            c = tl.load(crow + offs, mask=inb, other=float("-inf")).to(tl.float32)
+            cm = tl.load(crow + offs, mask=inb, other=float("-inf")).to(tl.float32)
+            c = tl.where(cm == float("-inf"), float("-inf"), x)
         g = tl.zeros([TILE], tl.float32)
         if HAS_NOISE:
             g = -tl.log(-tl.log(_uniform(k0, k1, offs)))
