@@ -3,8 +3,9 @@
 num_beams 4, batch 4, the ~20M-parameter random Llama of the other benchmarks (fp32; CUDA when
 available), vocab 32000 and 128256. Every provider generates exactly NEW_TOKENS tokens per
 sequence (min_new_tokens = max_new_tokens). tokens/s = batch * new tokens / median seconds
-(beams not counted), stored in ``benchmark.extra_info["tokens_per_s"]``; the hf case also
-records the ratio ours / hf.
+(beams not counted), stored in ``benchmark.extra_info["tokens_per_s"]`` (and from the best
+round in ``tokens_per_s_best``: the shared CPU box is noisy); the hf case also records the
+ratios ours / hf.
 
     nice -n 10 .venv/bin/python -m pytest bench/test_beam_bench.py -q -p no:randomly \\
         --benchmark-columns=median,rounds
@@ -20,7 +21,7 @@ from tests.models import llama_20m
 QUICK = bool(os.environ.get("GPU_SAMPLER_BENCH_QUICK"))
 NEW_TOKENS = 8 if QUICK else 32
 VOCABS = (32000,) if QUICK else (32000, 128256)
-ROUNDS = 1 if QUICK else 3
+ROUNDS = 1 if QUICK else 5
 BATCH, NUM_BEAMS, PROMPT_LEN = 4, 4, 32
 PROVIDERS = ("gpu_sampler", "hf")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,9 +63,11 @@ def test_beam_search_throughput(benchmark, vocab, provider):
     out = benchmark.pedantic(fn, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     assert out.shape == (BATCH, PROMPT_LEN + NEW_TOKENS)
     tps = BATCH * NEW_TOKENS / benchmark.stats.stats.median
-    _tokens_per_s[(vocab, provider)] = tps
-    benchmark.extra_info.update(tokens_per_s=tps, new_tokens=NEW_TOKENS, batch=BATCH,
-                                num_beams=NUM_BEAMS, device=DEVICE)
+    best = BATCH * NEW_TOKENS / benchmark.stats.stats.min
+    _tokens_per_s[(vocab, provider)] = (tps, best)
+    benchmark.extra_info.update(tokens_per_s=tps, tokens_per_s_best=best, new_tokens=NEW_TOKENS,
+                                batch=BATCH, num_beams=NUM_BEAMS, device=DEVICE)
     ours = _tokens_per_s.get((vocab, "gpu_sampler"))
     if provider == "hf" and ours is not None:
-        benchmark.extra_info["ratio_gpu_sampler_over_hf"] = ours / tps
+        benchmark.extra_info["ratio_gpu_sampler_over_hf"] = ours[0] / tps
+        benchmark.extra_info["ratio_best_gpu_sampler_over_hf"] = ours[1] / best
