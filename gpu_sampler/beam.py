@@ -68,10 +68,10 @@ def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetitio
     """
     x = logits.float()
     N, V = x.shape
+    v = F.log_softmax(x, dim=-1) if normalize else x
+    if candidates is not None:
+        v = v.masked_fill(candidates == float("-inf"), float("-inf"))
     if normalize:
-        v = F.log_softmax(x, dim=-1)
-        if candidates is not None:
-            v = v.masked_fill(candidates == float("-inf"), float("-inf"))
         if input_ids is not None and input_ids.shape[1] > 0 and repetition_penalty != 1.0:
             # Padding (< 0) points at the row's largest id, so every write to an id carries
             # the same value; a row without history rewrites v[:, 0] unchanged.
@@ -81,8 +81,6 @@ def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetitio
             v.scatter_(1, ids, torch.where(top >= 0, repetition_penalty * g, g))  # lp <= 0
         if temperature != 1.0:
             v = v / temperature
-    else:
-        v = x if candidates is None else candidates.float()
     keys = v
     if seed is not None:
         keys = v + rng.gumbel_rows(seed, offset, torch.arange(V, device=v.device).expand(N, V))

@@ -32,8 +32,10 @@ def _step_inputs(kind, N, Vs, g):
         c = x.clone()
         c[torch.rand(N, Vs, generator=g) < 0.9] = float("-inf")
         kw = dict(candidates=c)
-    if kind == "processed":
-        kw = dict(normalize=False)
+    if kind == "processed":  # already processed log-probs, with a mask on top
+        c = x.clone()
+        c[torch.rand(N, Vs, generator=g) < 0.3] = float("-inf")
+        kw = dict(normalize=False, candidates=c)
     return x, kw
 
 
