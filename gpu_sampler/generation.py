@@ -59,7 +59,6 @@ _TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor, lp.SequenceBiasLogitsProcessor,
                lp.SynthIDTextWatermarkLogitsProcessor)
 # generate() arguments with a non-default value that this loop cannot honour.
 _UNSUPPORTED_CONFIG = (
-    ("num_beams", lambda v: v is not None and v > 1),
     ("num_beam_groups", lambda v: v is not None and v > 1),
     ("diversity_penalty", lambda v: v not in (None, 0.0)),
     ("penalty_alpha", lambda v: v is not None),
@@ -219,7 +218,13 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     # Decoding strategies other than greedy / sampling (beam search, contrastive search) branch
     # off here, on the resolved `run.gc`, before the refusal below.
     _refuse_unsupported(run.gc, run.model_kwargs)
+    beams = (run.gc.num_beams or 1) > 1
+    if beams and streamer is not None and not run.gc.do_sample:
+        raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
+                         "`num_beams` is set to 1.")
     _prepare_inputs(model, run, inputs, streamer)
+    if beams:
+        return _beam_search(model, run, logits_processor, stopping_criteria, extras)
     _plan_step(model, run, logits_processor, stopping_criteria, extras)
     state = _allocate(model, run)
     return _decode(model, run, state, streamer)
@@ -367,14 +372,37 @@ def _prepare_inputs(model, run, inputs, streamer):
     run.kv_total = max(P + run.max_new - 1, P)
 
 
+def _processors(model, run, logits_processor):
+    """transformers' processor list for this call (user processors merged by its rules)."""
+    user_lp = list(logits_processor or [])
+    procs = model._get_logits_processor(
+        generation_config=run.gc, input_ids_seq_length=run.L0, encoder_input_ids=run.input_ids,
+        prefix_allowed_tokens_fn=None, logits_processor=lp.LogitsProcessorList(user_lp),
+        device=run.device, model_kwargs={"attention_mask": run.mask})
+    return procs, user_lp
+
+
+def _beam_search(model, run, logits_processor, stopping_criteria, extras):
+    """num_beams > 1: gpu_sampler.beam's loop on the prepared (beam-expanded) inputs."""
+    from .beam import beam_search
+    unsupported = [name for name, on in (
+        ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
+        ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
+        ("inputs_embeds", run.embeds is not None), ("past_key_values", run.cache is not None),
+        ("output_attentions", run.gc.output_attentions),
+        ("output_hidden_states", run.gc.output_hidden_states)) if on]
+    if unsupported:
+        raise NotImplementedError(f"gpu_sampler.generate does not support {unsupported} "
+                                  f"with num_beams > 1")
+    procs, user_lp = _processors(model, run, logits_processor)
+    return beam_search(model, run.input_ids, run.mask, run.gc, procs, user_lp, stopping_criteria,
+                       extras.tokenizer, seed=extras.seed)
+
+
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     """Processors, stopping criteria and the fused sample() arguments."""
     gc, B, device = run.gc, run.B, run.device
-    user_lp = list(logits_processor or [])
-    procs = model._get_logits_processor(
-        generation_config=gc, input_ids_seq_length=run.L0, encoder_input_ids=run.input_ids,
-        prefix_allowed_tokens_fn=None, logits_processor=lp.LogitsProcessorList(user_lp),
-        device=device, model_kwargs={"attention_mask": run.mask})
+    procs, user_lp = _processors(model, run, logits_processor)
     run.do_sample = bool(gc.do_sample)
     run.torch_procs, fused = _plan_processors(procs, user_lp, run.do_sample)
 

@@ -369,7 +369,6 @@ def test_buffers_double_between_steps(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(num_beams=2), NotImplementedError, "num_beams"),
     (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "penalty_alpha"),
     (dict(dola_layers="high"), NotImplementedError, "dola_layers"),
     (dict(guidance_scale=1.5), NotImplementedError, "guidance_scale"),
