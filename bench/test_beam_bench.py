@@ -28,6 +28,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 _models = {}
 _tokens_per_s = {}
+_sequences = {}
 
 
 def _model(vocab):
@@ -67,7 +68,10 @@ def test_beam_search_throughput(benchmark, vocab, provider):
     _tokens_per_s[(vocab, provider)] = (tps, best)
     benchmark.extra_info.update(tokens_per_s=tps, tokens_per_s_best=best, new_tokens=NEW_TOKENS,
                                 batch=BATCH, num_beams=NUM_BEAMS, device=DEVICE)
+    _sequences[(vocab, provider)] = out
     ours = _tokens_per_s.get((vocab, "gpu_sampler"))
     if provider == "hf" and ours is not None:
+        # A speed number only for checked output: the sequences must be transformers'.
+        assert torch.equal(_sequences[(vocab, "gpu_sampler")], out)
         benchmark.extra_info["ratio_gpu_sampler_over_hf"] = ours[0] / tps
         benchmark.extra_info["ratio_best_gpu_sampler_over_hf"] = ours[1] / best
