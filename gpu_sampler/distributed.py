@@ -163,25 +163,16 @@ def _check_table(table, B):
 
 # ---------------------------------------------------------------- the twin's rules on candidates
 
-class _Config:
-    """The twin's per-call switches (reference._filter), from normalised parameters."""
+class _Config(reference._Switches):
+    """The twin's per-call switches (reference._Switches) plus the first gather width."""
+    __slots__ = ("C0",)
 
     def __init__(self, V, top_k, top_p, min_p):
-        k = top_k
-        self.k_tensor = isinstance(k, torch.Tensor)
-        self.kact = ((k > 0) & (k < V)) if self.k_tensor else (0 < k < V)
-        self.k_any = bool(self.kact.any()) if self.k_tensor else self.kact
-        self.K0 = (min(V, (int(k.max()) if self.k_tensor else k) + 1) if self.k_any
-                   else min(V, reference._K0))
+        super().__init__(V, top_k, top_p, min_p)
         kmax_act = 0
         if self.k_any:
-            kmax_act = int(torch.where(self.kact, k, 0).max()) if self.k_tensor else k
+            kmax_act = int(torch.where(self.kact, top_k, 0).max()) if self.k_tensor else top_k
         self.C0 = min(self.K0, max(reference._K0, kmax_act + 1))
-        self.p_on = reference._col(top_p) < 1.0
-        self.p_any = bool(self.p_on.any()) if isinstance(self.p_on, torch.Tensor) else self.p_on
-        self.p_zero = isinstance(top_p, torch.Tensor) or top_p == 0
-        self.mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
-        self.V, self.top_k, self.top_p, self.min_p = V, top_k, top_p, min_p
 
     def rows(self, v, B, dev):
         """A per-row bool from a scalar switch or a [B] / [B, 1] tensor."""
@@ -195,51 +186,6 @@ class _Config:
             return torch.zeros(B, dtype=torch.bool, device=dev)
         kin = ~self.rows(self.kact, B, dev)
         return kin & self.rows(self.p_on, B, dev)
-
-
-def filter_candidates(vals, cfg, z_full):
-    """The kept set on sorted tempered candidates: the body of reference._filter's K loop.
-
-    vals: float32 [B, K], each row descending (-inf padded), already divided by the temperature.
-    z_full: float32 [B] full-row mass sum(exp(x - M)), used where no top-k is active (or None
-    when no row needs it). Returns (keep [B, K] bool, e [B, K], tau_k [B, 1] or None,
-    last_dropped [B] bool). Written to be shared: the twin's loop body is exactly this, with
-    z_full computed from its full [B, V] row and vals from torch.topk.
-    """
-    M = vals[:, 0]
-    e = torch.exp(vals - M[:, None])
-    k = cfg.top_k
-    if cfg.k_any and cfg.k_tensor:
-        kk = torch.where(cfg.kact, k, 1) - 1
-        tau_k = torch.where(cfg.kact, vals.gather(1, kk[:, None]).squeeze(1), _NEG)[:, None]
-        keep = vals >= tau_k
-    elif cfg.k_any:
-        tau_k = vals[:, k - 1:k]
-        keep = vals >= tau_k
-    else:
-        tau_k = None
-        keep = vals > _NEG
-    keep = keep & (vals > _NEG)
-    e = e * keep
-    if cfg.k_any:
-        z = e.sum(1)
-        if cfg.k_tensor and not bool(cfg.kact.all()):
-            z = torch.where(cfg.kact, z, z_full)
-    else:
-        z = z_full
-    if cfg.p_any:
-        above = reference._tie_aware_mass_above(vals, e)
-        kp = keep & (above < reference._col(cfg.top_p) * z[:, None])
-        if cfg.p_zero:
-            kp = kp | (keep & ~kp.any(1, keepdim=True) & (vals == vals[:, :1]))
-        keep = torch.where(cfg.p_on, kp, keep) if isinstance(cfg.p_on, torch.Tensor) else kp
-    if cfg.mp_on:
-        keep = keep & (e >= reference._col(cfg.min_p))
-    last_dropped = ~keep[:, -1]
-    if tau_k is not None:
-        below_k = ~(vals[:, -1:] >= tau_k).squeeze(1)
-        last_dropped &= (below_k | ~cfg.kact) if cfg.k_tensor else below_k
-    return keep, e, tau_k, last_dropped
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -536,9 +482,10 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
             zf = torch.zeros(B, device=dev)  # unused by every row when no row needs it
             if z_lo is not None:
                 zf = torch.where(exact, z_exact, z_lo)
-            keep, e, tau_k, last = filter_candidates(vk, cfg, zf)
+            keep, e, tau_k, last = reference.filter_candidates(vk, cfg, lambda: zf)
             if z_lo is not None:
-                keep2, _, _, last2 = filter_candidates(vk, cfg, torch.where(exact, z_exact, z_hi))
+                keep2, _, _, last2 = reference.filter_candidates(
+                    vk, cfg, lambda: torch.where(exact, z_exact, z_hi))
                 amb = cand & zrows & ~exact & ((keep != keep2).any(1) | (last != last2))
                 if bool(amb.any()):
                     r = amb.nonzero().squeeze(1)

@@ -119,6 +119,91 @@ def _overflow_rows(x, idx, M, valid, greedy):
     return ovf.nonzero().squeeze(1)
 
 
+class _Switches:
+    """Which filters a call has on, from the normalised parameters (shared with distributed)."""
+    __slots__ = ("V", "top_k", "top_p", "min_p", "k_tensor", "kact", "k_any", "K0", "p_on",
+                 "p_any", "p_zero", "mp_on")
+
+    def __init__(self, V, top_k, top_p, min_p):
+        self.V, self.top_k, self.top_p, self.min_p = V, top_k, top_p, min_p
+        k = top_k
+        self.k_tensor = isinstance(k, torch.Tensor)
+        self.kact = ((k > 0) & (k < V)) if self.k_tensor else (0 < k < V)
+        self.k_any = bool(self.kact.any()) if self.k_tensor else self.kact
+        # First candidate count: max(top_k) + 1 (the K-th candidate must be provably dropped).
+        self.K0 = (min(V, (int(k.max()) if self.k_tensor else k) + 1) if self.k_any
+                   else min(V, _K0))
+        self.p_on = _col(top_p) < 1.0
+        self.p_any = bool(self.p_on.any()) if isinstance(self.p_on, torch.Tensor) else self.p_on
+        # The max tie group is always kept: its mass above is exactly 0, which is < top_p * z
+        # (z >= 1) for any top_p > 0 in float32; only a top_p that is 0 in float32 needs the
+        # explicit fallback (a per-row tensor may hold one).
+        self.p_zero = isinstance(top_p, torch.Tensor) or top_p <= 2.0 ** -150  # 0 in float32
+        self.mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+
+
+class _Lazy:
+    """A value computed on first use (the full-row mass is only needed without top-k)."""
+    __slots__ = ("fn", "value")
+
+    def __init__(self, fn):
+        self.fn, self.value = fn, None
+
+    def __call__(self):
+        if self.value is None:
+            self.value = self.fn()
+        return self.value
+
+
+def filter_candidates(vals, sw, z_full):
+    """The kept set on one window of sorted candidates: the rules after the temperature.
+
+    vals: float32 [B, K], each row descending (-inf padded), already divided by T; sw: the
+    call's _Switches; z_full(): float32 [B] full-row mass sum(exp(x - M)), called only where
+    no top-k is active. Returns (keep [B, K] bool, e [B, K] masked exp(x - M), tau_k [B, 1] or
+    None, last_dropped [B] bool: the window's last candidate is provably not kept, so no
+    token beyond the window can be). The twin calls it on torch.topk windows, the
+    vocab-parallel sampler on candidates merged across ranks.
+    """
+    M = vals[:, 0]
+    # Invalid rows may get NaN here; they are masked by `sampling` by the caller.
+    e = torch.exp(vals - M[:, None])
+    k = sw.top_k
+    if sw.k_any and sw.k_tensor:
+        kk = torch.where(sw.kact, k, 1) - 1
+        tau_k = torch.where(sw.kact, vals.gather(1, kk[:, None]).squeeze(1),
+                            float("-inf"))[:, None]
+        keep = vals >= tau_k
+    elif sw.k_any:
+        tau_k = vals[:, k - 1:k]
+        keep = vals >= tau_k
+    else:
+        tau_k = None
+        keep = vals > float("-inf")
+    keep = keep & (vals > float("-inf"))
+    e = e * keep
+    if sw.k_any:
+        z = e.sum(1)
+        if sw.k_tensor and not bool(sw.kact.all()):
+            z = torch.where(sw.kact, z, z_full())
+    else:
+        z = z_full()
+    if sw.p_any:
+        above = _tie_aware_mass_above(vals, e)
+        kp = keep & (above < _col(sw.top_p) * z[:, None])
+        if sw.p_zero:
+            kp = kp | (keep & (above == 0))
+        keep = torch.where(sw.p_on, kp, keep) if isinstance(sw.p_on, torch.Tensor) else kp
+    if sw.mp_on:
+        keep = keep & (e >= _col(sw.min_p))
+    last_dropped = ~keep[:, -1]
+    if tau_k is not None:
+        # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).
+        below_k = ~(vals[:, -1:] >= tau_k).squeeze(1) | (vals[:, -1] == float("-inf"))
+        last_dropped &= (below_k | ~sw.kact) if sw.k_tensor else below_k
+    return keep, e, tau_k, last_dropped
+
+
 class _State:
     """Per-row outcome of the filters, on the top-K candidates (sorted by value)."""
     __slots__ = ("x", "vals", "idx", "keep", "e", "M", "greedy", "greedy_tok", "valid",
@@ -181,18 +266,8 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     # Scalars stay Python numbers: at small B the cost is the number of torch calls.
     tdiv = torch.where(~valid | greedy, 1.0, T)[:, None] if isinstance(T, torch.Tensor) else float(T)
 
-    k = top_k
-    k_tensor = isinstance(k, torch.Tensor)
-    kact = ((k > 0) & (k < V)) if k_tensor else (0 < k < V)
-    k_any = bool(kact.any()) if k_tensor else kact
-    K = min(V, (int(k.max()) if k_tensor else k) + 1) if k_any else min(V, _K0)
-    p_on = _col(top_p) < 1.0
-    p_any = bool(p_on.any()) if isinstance(p_on, torch.Tensor) else p_on
-    # The max tie group is always kept: its mass above is exactly 0, which is < top_p * z
-    # (z >= 1) for any top_p > 0 in float32; only a top_p that is 0 in float32 needs the
-    # explicit fallback (a per-row tensor may hold one).
-    p_zero = isinstance(top_p, torch.Tensor) or top_p <= 2.0 ** -150  # 0 in float32
-    mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+    sw = _Switches(V, top_k, top_p, min_p)
+    K = sw.K0
     z_full = None
     while True:
         vals, idx = torch.topk(x, K, dim=1)
@@ -218,43 +293,10 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
             sampling = sampling & valid
         if greedy is not None:
             sampling = sampling & ~greedy
-        # Invalid rows may get NaN here; they are masked by `sampling` at the end.
-        e = torch.exp(vals - M[:, None])
-        if k_any and k_tensor:
-            kk = torch.where(kact, k, 1) - 1
-            tau_k = torch.where(kact, vals.gather(1, kk[:, None]).squeeze(1), float("-inf"))[:, None]
-            keep = vals >= tau_k
-        elif k_any:
-            tau_k = vals[:, k - 1:k]
-            keep = vals >= tau_k
-        else:
-            tau_k = None
-            keep = vals > float("-inf")
-        keep = keep & (vals > float("-inf"))
-        e = e * keep
-        if k_any:
-            z = e.sum(1)
-            if k_tensor and not bool(kact.all()):
-                if z_full is None:
-                    z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
-                z = torch.where(kact, z, z_full)
-        else:
-            if z_full is None:
-                z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
-            z = z_full
-        if p_any:
-            above = _tie_aware_mass_above(vals, e)
-            kp = keep & (above < _col(top_p) * z[:, None])
-            if p_zero:
-                kp = kp | (keep & (above == 0))
-            keep = torch.where(p_on, kp, keep) if isinstance(p_on, torch.Tensor) else kp
-        if mp_on:
-            keep = keep & (e >= _col(min_p))
-        last_dropped = ~keep[:, -1]
-        if tau_k is not None:
-            # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).
-            below_k = ~(vals[:, -1:] >= tau_k).squeeze(1) | (vals[:, -1] == float("-inf"))
-            last_dropped &= (below_k | ~kact) if k_tensor else below_k
+        if z_full is None:
+            z_full = _Lazy(lambda: torch.exp(torch.logsumexp(x / tdiv, 1)
+                                             - torch.where(sampling, M, 0.0)))
+        keep, e, tau_k, last_dropped = filter_candidates(vals, sw, z_full)
         if K == V or bool((last_dropped | ~sampling).all()):
             break
         K = min(V, K * 4)
