@@ -116,7 +116,7 @@ def _check_sampling(kw):
     from .sampler import sample
     if not kw.get("do_sample"):
         return
-    names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
     sample(torch.zeros(1, 2), **{n: kw[n] for n in names if n in kw})
 
 

@@ -1,7 +1,8 @@
 """The ``gpu-sampler demo`` steps as separate, testable functions.
 
     load_model(path, device)            from_pretrained of a model folder, with one-line errors
-    compare_generate(model, tok, ...)   model.generate vs gpu_sampler.generate (greedy, sampling)
+    compare_generate(model, tok, ...)   model.generate vs gpu_sampler.generate (greedy, sampling,
+                                        beam search)
     sampler_table(sizes, device)        HF processor chain vs gpu_sampler.sample, median ms
     plot_latency(rows, path)            PNG of latency vs batch x vocab
     run_demo(model_dir, device, out_dir)  all of the above, printed
@@ -31,6 +32,7 @@ PROMPTS = [
 ]
 # The HF comparison chain: rp 1.2, T 0.7, top-k 50, top-p 0.9, input_ids of 128 tokens.
 SAMPLING = dict(repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
+BEAM = dict(num_beams=4, length_penalty=1.0)
 HISTORY = 128
 SIZES = [(1, 32000), (8, 32000), (1, 128256), (8, 128256), (64, 128256), (256, 151936)]
 
@@ -125,13 +127,15 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
                      progress=False):
     """Run ``model.generate`` and ``gpu_sampler.generate`` on one left-padded batch.
 
-    Greedy: both with the same arguments; the outputs must be token-identical. Sampling: both
+    Greedy and beam search (``BEAM``): both with the same arguments; the outputs must be
+    token-identical. Sampling: both
     with ``SAMPLING`` (different random streams, so the texts differ) and
     ``min_new_tokens = max_new_tokens`` so both produce the same number of tokens.
 
     Returns:
-        dict with ``greedy`` / ``sample``, each ``{"hf": texts, "gpu_sampler": texts,
-        "hf_tok_s": float, "gs_tok_s": float}``, and ``identical`` (bool, greedy).
+        dict with ``greedy`` / ``sample`` / ``beam``, each ``{"hf": texts, "gpu_sampler": texts,
+        "hf_tok_s": float, "gs_tok_s": float}``, and ``identical`` (bool, greedy) and
+        ``beam_identical`` (bool, beam search).
     """
     dev = model.device
     batch = tok(list(prompts), return_tensors="pt", padding=True).to(dev)
@@ -143,7 +147,8 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
 
     result = {}
     modes = {"greedy": dict(do_sample=False),
-             "sample": dict(do_sample=True, min_new_tokens=max_new_tokens, **SAMPLING)}
+             "sample": dict(do_sample=True, min_new_tokens=max_new_tokens, **SAMPLING),
+             "beam": dict(do_sample=False, **BEAM)}
     bar = None
     if progress:
         from tqdm import tqdm
@@ -162,11 +167,41 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
         result[mode] = {"hf": texts(hf), "gpu_sampler": texts(gs),
                         "hf_tok_s": B * (hf.shape[1] - L) / t_hf,
                         "gs_tok_s": B * (gs.shape[1] - L) / t_gs}
+        same = hf.shape == gs.shape and bool(torch.equal(hf, gs))
         if mode == "greedy":
-            result["identical"] = hf.shape == gs.shape and bool(torch.equal(hf, gs))
+            result["identical"] = same
+        elif mode == "beam":
+            result["beam_identical"] = same
     if bar is not None:
         bar.close()
     return result
+
+
+def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alpha=0.1,
+                         cd_beta=0.5):
+    """Greedy contrastive decoding with ``gpu_sampler.generate(..., amateur_model=...)``.
+
+    The amateur is a random 1-layer Llama (hidden 64) with the model's vocabulary size, built
+    with ``tiny.build_model``, so any causal LM folder works.
+
+    Returns:
+        dict ``{"texts": list[str], "amateur": str, "tok_s": float}``.
+    """
+    from . import tiny
+
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    amateur = tiny.build_model(vocab, seed=1, hidden_size=64, num_layers=1).to(model.device)
+    batch = tok(list(prompts), return_tensors="pt", padding=True).to(model.device)
+    L = batch.input_ids.shape[1]
+    t = time.perf_counter()
+    out = generate(model, **batch, max_new_tokens=max_new_tokens, do_sample=False,
+                   amateur_model=amateur, cd_alpha=cd_alpha, cd_beta=cd_beta)
+    _sync(model.device)
+    dt = time.perf_counter() - t
+    n = sum(p.numel() for p in amateur.parameters())
+    return {"texts": tok.batch_decode(out[:, L:], skip_special_tokens=True),
+            "amateur": f"random 1-layer Llama, {n / 1e6:.2f}M parameters",
+            "tok_s": out.shape[0] * (out.shape[1] - L) / dt}
 
 
 def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p):
@@ -323,6 +358,16 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
         echo(f"        HF:          {a!r}")
         echo(f"        gpu-sampler: {b!r}")
     echo(f"    tokens/s: HF {s['hf_tok_s']:.0f}, gpu-sampler {s['gs_tok_s']:.0f}")
+    cd = contrastive_generate(model, tok, max_new_tokens=max_new_tokens)
+    echo("")
+    echo(f"    contrastive decoding (greedy, cd_alpha 0.1, cd_beta 0.5; amateur: {cd['amateur']}):"
+         f" {cd['tok_s']:.0f} tokens/s")
+    for p, a in zip(PROMPTS, cd["texts"]):
+        echo(f"    {p!r} -> {a!r}")
+    bm = gen["beam"]
+    echo(f"    beam search ({BEAM['num_beams']} beams): identical "
+         f"{'yes' if gen['beam_identical'] else 'NO'}, tokens/s: HF {bm['hf_tok_s']:.0f}, "
+         f"gpu-sampler {bm['gs_tok_s']:.0f}")
 
     rows = sampler_table(sizes, dev, repeats=repeats, progress=True)
     echo("")

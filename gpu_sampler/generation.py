@@ -1,22 +1,32 @@
 """Drop-in replacement for ``model.generate`` (greedy and sampling) built on ``sample()``.
 
-Configuration is resolved exactly as transformers 5.x does it (the model's own helpers for
-config priority, special tokens, lengths, processors and stopping criteria), then one prefill and
-a decode loop run on a :class:`~gpu_sampler.cache.StaticKVCache`. Penalties, temperature,
-top-k, top-p, min-p and the draw happen in one ``sample()`` call per step; the -inf mask
-processors (no_repeat_ngram, bad_words, min_length) and user processors run in torch first.
+Configuration and inputs are resolved exactly as transformers 5.x does it (the model's own
+helpers for config priority, inputs / inputs_embeds, special tokens, masks, positions, lengths,
+processors and stopping criteria), then one prefill and a decode loop. The loop runs on an
+internal :class:`~gpu_sampler.cache.StaticKVCache` that stands in for transformers' default
+``DynamicCache`` (and is converted to one when returned), or on the cache transformers would use
+(a passed ``past_key_values``, ``cache_implementation="static"``, ...). Penalties, temperature,
+top-k, top-p, min-p and the draw happen in one ``sample()`` call per step; transformers' other
+processors and user processors run in torch first, in transformers' order.
+
+One function, one job: ``generate`` -> ``_resolve_config`` (config priority) ->
+``_refuse_unsupported`` -> ``_prepare_inputs`` (prompt, mask, positions, lengths, passed cache)
+-> ``_plan_step`` (processors, criteria, sample() arguments) -> ``_allocate`` (working cache and
+buffers) -> ``_decode`` (prefill, loop, outputs).
 """
 import inspect
 import types
 
 import torch
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import StaticKVCache
+from .contrastive import contrastive_scores, pop_generate_args
 from .reference import processed_logits_reference
-from .sampler import sample
+from .sampler import int64_seed, sample
 
 __all__ = ["generate", "patch", "unpatch"]
 
@@ -33,28 +43,22 @@ _WARPERS = ((lp.TemperatureLogitsWarper, "temperature"), (lp.TopKLogitsWarper, "
 # transformers processors generate() would build that this loop does not implement, by the
 # argument that turns them on.
 _UNSUPPORTED_PROCESSORS = {
-    "SequenceBiasLogitsProcessor": "sequence_bias",
     "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
     "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
-    "TypicalLogitsWarper": "typical_p",
-    "EpsilonLogitsWarper": "epsilon_cutoff",
-    "EtaLogitsWarper": "eta_cutoff",
-    "TopHLogitsWarper": "top_h",
-    "SuppressTokensLogitsProcessor": "suppress_tokens",
-    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
-    "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
-    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id",
-    "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
-    "LogitNormalization": "renormalize_logits",
-    "InfNanRemoveLogitsProcessor": "remove_invalid_values",
-    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
-    "WatermarkLogitsProcessor": "watermarking_config",
     "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
     "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
 }
+# transformers' own processors that run as they are, in torch, at their place in the chain (a
+# warper behind them is not fused, so the order stays transformers').
+_TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor, lp.SequenceBiasLogitsProcessor,
+               lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
+               lp.TopHLogitsWarper, lp.SuppressTokensLogitsProcessor,
+               lp.SuppressTokensAtBeginLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
+               lp.ForcedEOSTokenLogitsProcessor, lp.ExponentialDecayLengthPenalty,
+               lp.LogitNormalization, lp.WatermarkLogitsProcessor,
+               lp.SynthIDTextWatermarkLogitsProcessor)
 # generate() arguments with a non-default value that this loop cannot honour.
 _UNSUPPORTED_CONFIG = (
-    ("num_beams", lambda v: v is not None and v > 1),
     ("num_beam_groups", lambda v: v is not None and v > 1),
     ("diversity_penalty", lambda v: v not in (None, 0.0)),
     ("penalty_alpha", lambda v: v is not None),
@@ -65,12 +69,15 @@ _UNSUPPORTED_CONFIG = (
     ("token_healing", lambda v: bool(v)),
     ("constraints", lambda v: v is not None),
     ("force_words_ids", lambda v: v is not None),
-    ("output_attentions", lambda v: bool(v)),
-    ("output_hidden_states", lambda v: bool(v)),
-    ("cache_implementation", lambda v: v not in (None, "static", "dynamic")),
+    ("cache_implementation", lambda v: v == "paged"),
+    ("prefill_chunk_size", lambda v: v is not None),
 )
-_UNSUPPORTED_ARGS = ("prefix_allowed_tokens_fn", "assistant_model", "negative_prompt_ids",
-                     "negative_prompt_attention_mask", "custom_generate", "assistant_tokenizer")
+_UNSUPPORTED_ARGS = ("assistant_tokenizer",)
+# Model inputs generate() forwards to the model besides the prompt and its attention mask.
+_MODEL_INPUTS = ("past_key_values", "inputs_embeds", "position_ids", "token_type_ids",
+                 "logits_to_keep", "input_ids", "output_attentions", "output_hidden_states")
+# New positions the buffers hold before the first doubling.
+_INITIAL_NEW_POSITIONS = 256
 
 
 def _is_in(obj, items):
@@ -90,7 +97,8 @@ def _plan_processors(procs, user, do_sample):
                 f"gpu_sampler.generate does not support `{_UNSUPPORTED_PROCESSORS[name]}` "
                 f"({name}); use model.generate for it")
         if not _is_in(p, user) and not isinstance(
-                p, _MASKS + (lp.RepetitionPenaltyLogitsProcessor,) + tuple(c for c, _ in _WARPERS)):
+                p, _MASKS + _TORCH_ONLY + (lp.RepetitionPenaltyLogitsProcessor,)
+                + tuple(c for c, _ in _WARPERS)):
             raise NotImplementedError(f"gpu_sampler.generate does not support the logits processor "
                                       f"{name} that the generation config enables")
     fused = {}
@@ -130,41 +138,60 @@ def _row_seeds(seed, B, device):
             raise ValueError(f"seed must be an int or an integer tensor of shape [{B}] (one per "
                              f"output row), got shape {tuple(seed.shape)} {seed.dtype}")
         return seed.to(device=device, dtype=torch.int64)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int or a LongTensor of shape [{B}], got {seed!r}")
-    # Rows get distinct streams (num_return_sequences copies of a prompt must differ).
-    return seed + torch.arange(B, device=device, dtype=torch.int64)
+    # Rows get distinct streams (num_return_sequences copies of a prompt must differ): seed + row,
+    # under sample()'s seed policy (64 bits, wrapping).
+    base = int64_seed(seed)  # ValueError naming seed unless an int in [-2**63, 2**64)
+    return torch.tensor([int64_seed((base + i) % 2 ** 64) for i in range(B)], device=device,
+                        dtype=torch.int64)
 
 
 @torch.no_grad()
-def generate(model, input_ids=None, attention_mask=None, generation_config=None,
-             logits_processor=None, stopping_criteria=None, streamer=None, **kwargs):
+def generate(model, inputs=None, generation_config=None, logits_processor=None,
+             stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None,
+             assistant_model=None, streamer=None, negative_prompt_ids=None,
+             negative_prompt_attention_mask=None, custom_generate=None, **kwargs):
     """Generate like ``model.generate`` (greedy or sampling) with the fused sampler.
+
+    The signature is transformers' ``GenerationMixin.generate``, positional order included, so
+    ``patch(model)`` then ``model.generate(ids, GenerationConfig(...))`` works.
 
     Parameters
     ----------
     model : transformers decoder-only model (``AutoModelForCausalLM``)
-    input_ids : LongTensor [B, L]
-        Left-padded prompts (``None`` starts from ``bos_token_id``, as transformers does).
-    attention_mask : LongTensor [B, L], optional
-        1 for tokens, 0 for padding; inferred like transformers when omitted.
+    inputs : LongTensor [B, L], optional
+        Left-padded prompts (also accepted as ``input_ids=``; ``None`` starts from
+        ``bos_token_id``, or from ``inputs_embeds`` when given, as transformers does).
     generation_config, logits_processor, stopping_criteria, streamer
         As in transformers (user processors / criteria are merged by its rules).
+    prefix_allowed_tokens_fn, assistant_model, negative_prompt_ids,
+    negative_prompt_attention_mask, custom_generate, synced_gpus=True
+        Refused with NotImplementedError naming the argument.
     **kwargs
+        Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
+        ``DynamicCache``, ``StaticCache`` or :class:`StaticKVCache`; continues from it),
+        ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``.
         Generation arguments (max_new_tokens, do_sample, temperature, top_k, top_p, min_p,
         repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_new_tokens, eos_token_id,
-        num_return_sequences, stop_strings + tokenizer, return_dict_in_generate,
-        output_scores, output_logits, ...), plus extras transformers lacks:
-        ``presence_penalty`` / ``frequency_penalty`` (float, OpenAI semantics over generated
-        tokens), ``seed`` (int: row b uses seed + b; or LongTensor [B * num_return_sequences])
-        which makes each row's draws a function of (seed, position) only, and ``compile``
-        (bool) to run the decode step through ``torch.compile``.
+        num_return_sequences, stop_strings + tokenizer, remove_invalid_values, use_cache,
+        cache_implementation, compile_config, return_dict_in_generate, output_scores,
+        output_logits, output_attentions, output_hidden_states, ...), plus extras transformers
+        lacks: ``presence_penalty`` / ``frequency_penalty`` (float, OpenAI semantics over
+        generated tokens), ``seed`` (int: row b uses seed + b; or LongTensor
+        [B * num_return_sequences]) which makes each row's draws a function of (seed, position)
+        only, and ``compile`` (bool) to run the decode step through ``torch.compile``;
+        contrastive decoding: ``amateur_model`` (a smaller causal LM with the same vocabulary,
+        run on its own static cache) with ``cd_alpha`` / ``cd_beta`` (see
+        ``gpu_sampler.contrastive``): processors, warpers and the draw act on the contrastive
+        scores, which are also what ``logits`` reports.
 
     Returns
     -------
     LongTensor [B * num_return_sequences, L + steps] like transformers, or a
-    ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` (processed float32 [B, V] per
-    step) and ``logits`` (raw float32 [B, V] per step) when ``return_dict_in_generate=True``.
+    ``GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``: ``sequences``,
+    ``scores`` (processed float32 [B, V] per step), ``logits`` (raw float32 [B, V] per step),
+    ``attentions`` / ``hidden_states`` (per step, the model's tuples, shaped as transformers
+    returns them) and ``past_key_values`` (a ``DynamicCache`` by default, the ``StaticCache``
+    for ``cache_implementation="static"``, the passed cache when one was given).
 
     Raises NotImplementedError naming any argument it does not support (beam search, assisted
     decoding, ...) and ValueError for invalid arguments, like transformers.
@@ -181,50 +208,82 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     >>> out.shape
     torch.Size([2, 7])
     """
-    if "inputs" in kwargs:
-        if input_ids is not None:
-            raise ValueError("pass the prompt as input_ids or inputs, not both")
-        input_ids = kwargs.pop("inputs")
+    _refuse_arguments(prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+                      assistant_model=assistant_model, negative_prompt_ids=negative_prompt_ids,
+                      negative_prompt_attention_mask=negative_prompt_attention_mask,
+                      custom_generate=custom_generate, synced_gpus=synced_gpus)
+    extras = _pop_extras(kwargs)
+    extras.contrastive = pop_generate_args(model, kwargs)  # amateur_model, cd_alpha, cd_beta
+    run = _resolve_config(model, generation_config, kwargs)
+    # Decoding strategies other than greedy / sampling (beam search, contrastive search) branch
+    # off here, on the resolved `run.gc`, before the refusal below.
+    _refuse_unsupported(run.gc, run.model_kwargs)
+    beams = (run.gc.num_beams or 1) > 1
+    if beams and streamer is not None and not run.gc.do_sample:
+        raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
+                         "`num_beams` is set to 1.")
+    _prepare_inputs(model, run, inputs, streamer)
+    if beams:
+        return _beam_search(model, run, logits_processor, stopping_criteria, extras)
+    _plan_step(model, run, logits_processor, stopping_criteria, extras)
+    state = _allocate(model, run)
+    return _decode(model, run, state, streamer)
+
+
+def _refuse_arguments(synced_gpus, **named):
+    for name, value in named.items():
+        if value is not None:
+            raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`")
+    if synced_gpus:
+        raise NotImplementedError("gpu_sampler.generate does not support `synced_gpus=True`")
+
+
+def _pop_extras(kwargs):
+    """Remove and validate the arguments transformers' generate does not have."""
     for name in _UNSUPPORTED_ARGS:
         if kwargs.pop(name, None) is not None:
             raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`")
-    if kwargs.pop("synced_gpus", None):
-        raise NotImplementedError("gpu_sampler.generate does not support `synced_gpus=True`")
-    presence = _check_extra("presence_penalty", kwargs.pop("presence_penalty", 0.0))
-    frequency = _check_extra("frequency_penalty", kwargs.pop("frequency_penalty", 0.0))
-    seed = kwargs.pop("seed", None)
-    use_compile = bool(kwargs.pop("compile", False))
-    tokenizer = kwargs.pop("tokenizer", None)
+    return types.SimpleNamespace(
+        presence=_check_extra("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
+        frequency=_check_extra("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
+        seed=kwargs.pop("seed", None),
+        compile=bool(kwargs.pop("compile", False)),
+        tokenizer=kwargs.pop("tokenizer", None))
+
+
+def _resolve_config(model, generation_config, kwargs):
+    """transformers' config priority: kwargs > generation_config > the model's defaults."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise NotImplementedError("gpu_sampler.generate supports decoder-only models only")
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
-
-    gen_defaults = model.generation_config
-    has_default_max_length = (kwargs.get("max_length") is None and (
+    if not model._supports_default_dynamic_cache():
+        raise NotImplementedError(f"gpu_sampler.generate does not support {type(model).__name__} "
+                                  f"(its cache is not a transformers key/value Cache)")
+    defaults = model.generation_config
+    has_default_max = (kwargs.get("max_length") is None and (
         generation_config is None or generation_config.max_length is None)
-        and gen_defaults.max_length is None)
-    has_default_min_length = (kwargs.get("min_length") is None and (
+        and defaults.max_length is None)
+    has_default_min = (kwargs.get("min_length") is None and (
         generation_config is None or generation_config.min_length is None)
-        and gen_defaults.min_length is None)
+        and defaults.min_length is None)
     gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     model._validate_model_kwargs(model_kwargs.copy())
+    return types.SimpleNamespace(gc=gc, model_kwargs=model_kwargs,
+                                 has_default_max=has_default_max, has_default_min=has_default_min)
+
+
+def _refuse_unsupported(gc, model_kwargs):
     for name, bad in _UNSUPPORTED_CONFIG:
         value = getattr(gc, name, None)
         if bad(value):
             raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`={value!r}")
-    attention_mask = model_kwargs.pop("attention_mask", None)
-    model_kwargs.pop("use_cache", None)
-    if model_kwargs:
+    other = sorted(k for k, v in model_kwargs.items()
+                   if k not in _MODEL_INPUTS and k != "attention_mask" and v is not None)
+    if other:
         raise NotImplementedError(f"gpu_sampler.generate does not support the model arguments "
-                                  f"{sorted(model_kwargs)}")
+                                  f"{other}")
 
-    # ---- inputs ------------------------------------------------------------------------------
-    if input_ids is None:
-        if gc.bos_token_id is None:
-            raise ValueError("input_ids is None and the generation config has no bos_token_id "
-                             "to start from")
-        input_ids = torch.full((1, 1), gc.bos_token_id, dtype=torch.long, device=model.device)
+
+def _check_prompt(input_ids):
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a 2-D LongTensor [batch, length], got "
                          f"{getattr(input_ids, 'shape', type(input_ids))}")
@@ -233,167 +292,491 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
                          f"prompt token per row (e.g. the bos token)")
     if input_ids.dtype.is_floating_point:
         raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
-    input_ids = input_ids.to(torch.long)
-    device = input_ids.device
-    B0 = input_ids.shape[0]
-    model._prepare_special_tokens(gc, attention_mask is not None, device=device, batch_size=B0)
-    if attention_mask is None:
-        attention_mask = model._prepare_attention_mask_for_generation(input_ids, gc, {})
-    elif attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids "
-                         f"{tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
-    attention_mask = attention_mask.to(device)
 
-    nrs = gc.num_return_sequences or 1
-    if nrs > 1:
-        input_ids = input_ids.repeat_interleave(nrs, dim=0)
-        attention_mask = attention_mask.repeat_interleave(nrs, dim=0)
-    B, L = input_ids.shape
+
+def _prepare_inputs(model, run, inputs, streamer):
+    """Prompt, mask, positions and lengths, as transformers' generate prepares them.
+
+    Two coordinate systems: `out` holds the returned sequences (input_ids + new tokens, L0
+    prompt columns), the model sees kv positions (P prompt positions: inputs_embeds or ids,
+    plus whatever a passed cache already holds).
+    """
+    gc, mk = run.gc, run.model_kwargs
+    inputs_tensor, input_name, mk = model._prepare_model_inputs(inputs, gc.bos_token_id, mk)
+    if input_name == "input_ids":
+        _check_prompt(inputs_tensor)
+        inputs_tensor = inputs_tensor.to(torch.long)
+    device = inputs_tensor.device
+    has_mask = mk.get("attention_mask") is not None
+    model._prepare_special_tokens(gc, has_mask, device=device, batch_size=inputs_tensor.shape[0])
+    if not has_mask:
+        mk["attention_mask"] = model._prepare_attention_mask_for_generation(inputs_tensor, gc, mk)
+    mask = mk["attention_mask"]
+    if mask.dim() != 2 or mask.shape[0] != inputs_tensor.shape[0]:
+        raise ValueError(f"attention_mask must be 2-D [batch, length] with batch "
+                         f"{inputs_tensor.shape[0]}, got {tuple(mask.shape)}")
+    mk["attention_mask"] = mask.to(device)
+    if mk.get("position_ids") is None:
+        mk["position_ids"] = model._prepare_position_ids_for_generation(inputs_tensor, mk)
+    input_ids = inputs_tensor if input_name == "input_ids" else mk.pop("input_ids")
+    input_ids = input_ids.to(device=device, dtype=torch.long)
+    if input_name == "inputs_embeds":
+        gc.use_cache = True  # transformers: embeddings are only consumed with a cache
+
+    expand = max(gc.num_beams or 1, gc.num_return_sequences or 1)
+    input_ids, mk = model._expand_inputs_for_generation(input_ids=input_ids, expand_size=expand,
+                                                         **mk)
     if streamer is not None:
         streamer.put(input_ids.cpu())
+    L0 = input_ids.shape[1]
+    gc = model._prepare_generated_length(gc, run.has_default_max, run.has_default_min,
+                                         input_name, inputs_tensor=inputs_tensor,
+                                         input_ids_length=L0)
+    model._validate_generated_length(gc, L0, run.has_default_max)
 
-    gc = model._prepare_generated_length(gc, has_default_max_length, has_default_min_length,
-                                         "input_ids", L, input_ids)
-    model._validate_generated_length(gc, L, has_default_max_length)
-    max_new = gc.max_length - L
+    cache = mk.pop("past_key_values", None)
+    if cache is not None:
+        if gc.cache_implementation is not None:
+            raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
+                             "object) is unsupported. Please use only one of the two.")
+        if not isinstance(cache, Cache):
+            raise ValueError(f"past_key_values must be a transformers Cache (DynamicCache, "
+                             f"StaticCache, StaticKVCache), got {type(cache).__name__}")
+    # int(): transformers' StaticCache returns its live position counter (a tensor).
+    past = int(cache.get_seq_length()) if cache is not None else 0
+    embeds = mk.pop("inputs_embeds", None)
+    mask = mk.pop("attention_mask")
+    if embeds is not None:
+        new = embeds.shape[1] - past
+    elif mask.shape[1] == L0:
+        new = L0 - past   # the full sequence was passed: feed what the cache lacks
+    else:
+        new = L0          # only the new tokens were passed, the mask covers the cache too
+    if new <= 0:
+        raise ValueError(f"past_key_values already holds {past} positions, the input has none "
+                         f"beyond them: pass the cached sequence plus new tokens")
+    P = past + new
+    if mask.shape[1] != P:
+        raise ValueError(f"attention_mask has {mask.shape[1]} positions but the prompt (with "
+                         f"past_key_values) has {P}")
+    if embeds is None and new > L0:
+        raise ValueError(f"input_ids has {L0} tokens, fewer than the {new} to feed")
+    run.gc, run.model_kwargs = gc, mk
+    run.input_ids, run.embeds, run.mask, run.cache = input_ids, embeds, mask, cache
+    run.device, run.B, run.L0, run.P = device, input_ids.shape[0], L0, P
+    run.past, run.new = past, new
+    run.B0 = inputs_tensor.shape[0]
+    run.max_new = gc.max_length - L0
+    # Positions the model will hold at the end (the last token is never fed), as transformers
+    # sizes max_cache_length.
+    run.kv_total = max(P + run.max_new - 1, P)
 
-    # ---- processors, criteria ---------------------------------------------------------------
+
+def _processors(model, run, logits_processor):
+    """transformers' processor list for this call (user processors merged by its rules)."""
     user_lp = list(logits_processor or [])
     procs = model._get_logits_processor(
-        generation_config=gc, input_ids_seq_length=L, encoder_input_ids=input_ids,
+        generation_config=run.gc, input_ids_seq_length=run.L0, encoder_input_ids=run.input_ids,
         prefix_allowed_tokens_fn=None, logits_processor=lp.LogitsProcessorList(user_lp),
-        device=device, model_kwargs={"attention_mask": attention_mask})
-    do_sample = bool(gc.do_sample)
-    torch_procs, fused = _plan_processors(procs, user_lp, do_sample)
+        device=run.device, model_kwargs={"attention_mask": run.mask})
+    return procs, user_lp
+
+
+def _beam_search(model, run, logits_processor, stopping_criteria, extras):
+    """num_beams > 1: gpu_sampler.beam's loop on the prepared (beam-expanded) inputs."""
+    from .beam import beam_search
+    unsupported = [name for name, on in (
+        ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
+        ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
+        ("inputs_embeds", run.embeds is not None), ("past_key_values", run.cache is not None),
+        ("output_attentions", run.gc.output_attentions),
+        ("output_hidden_states", run.gc.output_hidden_states)) if on]
+    if unsupported:
+        raise NotImplementedError(f"gpu_sampler.generate does not support {unsupported} "
+                                  f"with num_beams > 1")
+    procs, user_lp = _processors(model, run, logits_processor)
+    return beam_search(model, run.input_ids, run.mask, run.gc, procs, user_lp, stopping_criteria,
+                       extras.tokenizer, seed=extras.seed)
+
+
+def _plan_step(model, run, logits_processor, stopping_criteria, extras):
+    """Processors, stopping criteria and the fused sample() arguments."""
+    gc, B, device = run.gc, run.B, run.device
+    procs, user_lp = _processors(model, run, logits_processor)
+    run.do_sample = bool(gc.do_sample)
+    run.torch_procs, fused = _plan_processors(procs, user_lp, run.do_sample)
 
     user_sc = list(stopping_criteria or [])
-    crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), tokenizer)
-    has_eos = any(hasattr(c, "eos_token_id") for c in crit)
+    crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), extras.tokenizer)
+    run.has_eos = any(hasattr(c, "eos_token_id") for c in crit)
     # The loop bound and the on-device EOS test replace the built length / EOS criteria.
-    host_crit = sc.StoppingCriteriaList(
+    run.host_crit = sc.StoppingCriteriaList(
         c for c in crit if _is_in(c, user_sc)
         or not isinstance(c, (sc.MaxLengthCriteria, sc.EosTokenCriteria)))
-    eos = gc._eos_token_tensor
-    pad = gc._pad_token_tensor
-    if has_eos and pad is None:
+    run.eos, run.pad = gc._eos_token_tensor, gc._pad_token_tensor
+    if run.has_eos and run.pad is None:
         raise ValueError("eos_token_id is set but pad_token_id is None: set pad_token_id")
 
     sample_kw = dict(fused)
     sample_kw.setdefault("repetition_penalty", 1.0)
-    sample_kw["presence_penalty"] = presence
-    sample_kw["frequency_penalty"] = frequency
-    seed_kw = {} if seed is None else {"seed": _row_seeds(seed, B, device)}
-    ref_kw = dict(sample_kw)
-    sample_kw.update(seed_kw)
+    sample_kw["presence_penalty"] = extras.presence
+    sample_kw["frequency_penalty"] = extras.frequency
+    run.ref_kw = dict(sample_kw)
+    run.seed = extras.seed
+    if extras.seed is not None:
+        sample_kw["seed"] = _row_seeds(extras.seed, B, device)
+    run.sample_kw = sample_kw
+    run.compile = extras.compile
+    run.contrastive = extras.contrastive
+    if run.contrastive is not None and (run.embeds is not None or run.past):
+        raise NotImplementedError("contrastive decoding (amateur_model) takes input_ids only: "
+                                  "not inputs_embeds or a filled past_key_values")
 
-    # ---- buffers -----------------------------------------------------------------------------
-    total = gc.max_length
-    cache_len = max(total - 1, L)
-    cache = StaticKVCache(model.config, B, cache_len)
-    out = torch.empty(B, total, dtype=torch.long, device=device)
-    out[:, :L] = input_ids
+    rd = bool(gc.return_dict_in_generate)
+    run.want_scores = rd and bool(gc.output_scores)
+    run.want_logits = rd and bool(gc.output_logits)
+    run.want_attn = rd and bool(gc.output_attentions)
+    run.want_hidden = rd and bool(gc.output_hidden_states)
+    params = inspect.signature(model.forward).parameters
+    run.takes_mask = "attention_mask" in params
+    run.takes_pos = "position_ids" in params
+    mk = run.model_kwargs
+    run.logits_to_keep = mk.get("logits_to_keep", 1 if "logits_to_keep" in params else None)
+    run.token_type_ids = mk.get("token_type_ids")
+
+
+def _own_cache(model, B, length):
+    """Our StaticKVCache for `length` positions, or None where it refuses the model's config."""
+    try:
+        return StaticKVCache(model.config, B, length)
+    except (ValueError, NotImplementedError):  # layer types it does not hold: DynamicCache
+        return None
+
+
+def _grow_cache(model, cache, B, length):
+    """The cache with room for `length` positions, contents kept (cache.grow when it has one)."""
+    if hasattr(cache, "grow"):
+        cache.grow(length)
+        return cache
+    bigger = StaticKVCache(model.config, B, length)
+    for old, new in zip(cache.layers, bigger.layers):
+        if old.is_initialized:
+            n = old.get_seq_length()
+            new.update(old.keys[:B, :, :n], old.values[:B, :, :n])
+    return bigger
+
+
+def _grow_rows(buf, length, fill):
+    bigger = buf.new_full((buf.shape[0], length), fill)
+    bigger[:, :buf.shape[1]] = buf
+    return bigger
+
+
+def _allocate(model, run):
+    """The working cache and the token / history / mask / position buffers.
+
+    Our own cache and the buffers start with room for _INITIAL_NEW_POSITIONS new tokens and
+    double between steps when full (never per token), so a huge max_new_tokens used as "no
+    limit" costs memory only for what is generated.
+    """
+    gc, B, device = run.gc, run.B, run.device
+    st = types.SimpleNamespace(own=False, cache=run.cache)
+    kv_cap = min(run.kv_total, run.P + _INITIAL_NEW_POSITIONS)
+    if run.cache is None and gc.use_cache is not False:
+        if gc.cache_implementation not in (None, "dynamic"):
+            # transformers' own cache for this implementation ("static", ...): same type,
+            # same (sticky) length as model.generate would use.
+            made = {}
+            model._prepare_cache_for_generation(gc, made, None, run.B0, run.kv_total)
+            st.cache = made.get("past_key_values")
+        else:
+            # Our cache stands in for transformers' DynamicCache and is converted at the end
+            # when returned; sliding layers keep only a window, so then run on the real type.
+            # Built lazily, so checking the config at the final length allocates nothing.
+            # Returned attention weights must span the written positions only, as with a
+            # DynamicCache (padding rows' uniform weights depend on the span): run on one.
+            full = None if run.want_attn else _own_cache(model, B, run.kv_total)
+            if full is None or (gc.return_dict_in_generate and any(full.is_sliding)):
+                st.cache = DynamicCache(config=model.config)
+            else:
+                st.cache, st.own = _own_cache(model, B, kv_cap), True
+    if st.own:
+        st.cache_cap = kv_cap
+    elif st.cache is not None and st.cache.is_compileable and st.cache.get_max_length() > 0:
+        fixed = st.cache.get_max_length()
+        if not any(st.cache.is_sliding) and fixed < run.kv_total:
+            raise ValueError(f"past_key_values holds at most {fixed} positions but this call "
+                             f"needs {run.kv_total} (max_length {gc.max_length})")
+        kv_cap = max(kv_cap, fixed)
+    st.kv = run.past                     # positions the cache holds
+    st.mask = run.mask.new_ones(B, kv_cap)
+    st.mask[:, :run.P] = run.mask
+    st.pos = torch.zeros(B, kv_cap, dtype=torch.long, device=device)
+    pos = run.model_kwargs["position_ids"]
+    k = min(run.P, pos.shape[1])
+    st.pos[:, run.P - k:run.P] = pos[:, pos.shape[1] - k:]
+    st.next_pos = pos[:, -1] + 1
+    tt = run.token_type_ids
+    st.tt = None
+    if tt is not None:
+        # transformers repeats the last token type for every generated token.
+        st.tt_last = tt[:, -1:]
+        st.tt = st.tt_last.expand(B, kv_cap).contiguous()
+        k = min(run.P, tt.shape[1])
+        st.tt[:, run.P - k:run.P] = tt[:, tt.shape[1] - k:]
+    seq_cap = min(run.gc.max_length, run.L0 + _INITIAL_NEW_POSITIONS)
+    st.out = torch.empty(B, seq_cap, dtype=torch.long, device=device)
+    st.out[:, :run.L0] = run.input_ids
     # Penalty history: left padding (before the first attended token, like transformers'
     # prompt_ignore_length) and not-yet-generated slots are -1, which sample() ignores.
-    hist = torch.full((B, total), -1, dtype=torch.long, device=device)
-    first = (attention_mask != 0).int().argmax(dim=1)
-    keep = torch.arange(L, device=device)[None, :] >= first[:, None]
-    hist[:, :L] = torch.where(keep, input_ids, -1)
-    # Static-shape decode mask: future slots are hidden by the causal mask, so they can be 1.
-    full_mask = torch.ones(B, cache_len, dtype=attention_mask.dtype, device=device)
-    full_mask[:, :L] = attention_mask
-    position_ids = model._prepare_position_ids_for_generation(
-        input_ids, {"attention_mask": attention_mask})
-    next_pos = position_ids[:, -1] + 1
+    st.hist = torch.full((B, seq_cap), -1, dtype=torch.long, device=device)
+    if run.L0:
+        first = (run.mask[:, run.P - run.L0:] != 0).int().argmax(dim=1)
+        keep = torch.arange(run.L0, device=device)[None, :] >= first[:, None]
+        st.hist[:, :run.L0] = torch.where(keep, run.input_ids, -1)
+    st.step = _make_step(model, run, st)
+    _set_fixed_inputs(run, st)
+    st.amateur_cache = None
+    if run.contrastive is not None and st.cache is not None:
+        # The amateur runs on its own static cache, as long as the mask buffer (grown with it).
+        st.amateur_cache = _own_cache(run.contrastive[0], B, st.mask.shape[1]) or DynamicCache(
+            config=run.contrastive[0].config)
+    return st
 
-    params = inspect.signature(model.forward).parameters
-    fwd = {"past_key_values": cache, "use_cache": True}
-    if "logits_to_keep" in params:
-        fwd["logits_to_keep"] = 1
-    takes_mask = "attention_mask" in params
-    takes_pos = "position_ids" in params
 
-    def forward(ids, mask, pos):
-        kw = dict(fwd)
-        if takes_mask:
-            kw["attention_mask"] = mask
-        if takes_pos:
-            kw["position_ids"] = pos
-        return model(input_ids=ids, **kw).logits[:, -1, :]
+def _ensure_room(model, run, st, kv_need, seq_need):
+    """Double the buffers (and our cache) that cannot hold the next step; between steps only."""
+    if st.own and kv_need > st.cache_cap:
+        st.cache_cap = min(run.kv_total, max(kv_need, 2 * st.cache_cap))
+        st.cache = _grow_cache(model, st.cache, run.B, st.cache_cap)
+        _set_fixed_inputs(run, st)
+        _mark_static(run, st)
+    kv_cap = max(kv_need, st.cache_cap if st.own else 0)
+    if kv_cap > st.mask.shape[1]:
+        kv_cap = max(kv_cap, min(2 * st.mask.shape[1], max(run.kv_total, kv_need)))
+        st.mask = _grow_rows(st.mask, kv_cap, 1)
+        if isinstance(st.amateur_cache, StaticKVCache):
+            st.amateur_cache.grow(kv_cap)
+        st.pos = _grow_rows(st.pos, kv_cap, 0)
+        if st.tt is not None:
+            width = st.tt.shape[1]
+            st.tt = _grow_rows(st.tt, kv_cap, 0)
+            st.tt[:, width:] = st.tt_last
+        _mark_static(run, st)
+    if seq_need > st.out.shape[1]:
+        cap = min(run.gc.max_length, max(seq_need, 2 * st.out.shape[1]))
+        st.out = _grow_rows(st.out, cap, 0)
+        st.hist = _grow_rows(st.hist, cap, -1)
 
-    step = forward
-    if use_compile:
-        if device.type == "cuda":
-            step = torch.compile(forward, mode="reduce-overhead")
-        else:
-            step = torch.compile(forward, fullgraph=False)
 
-    logits = forward(input_ids, attention_mask, position_ids).to(torch.float32, copy=True)
-    if use_compile:
-        # The buffers are mutated in place by every step: a fixed address lets CUDA graphs
-        # replay instead of being skipped for mutated inputs.
-        for layer in cache.layers:
-            torch._dynamo.mark_static_address(layer.keys)
-            torch._dynamo.mark_static_address(layer.values)
-        torch._dynamo.mark_static_address(full_mask)
+def _mark_static(run, st):
+    if not run.compile:
+        return
+    # The buffers are mutated in place by every step: a fixed address lets CUDA graphs
+    # replay instead of being skipped for mutated inputs.
+    if st.own:
+        for layer in st.cache.layers:
+            if layer.is_initialized:
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
+    torch._dynamo.mark_static_address(st.mask)
 
-    want_scores = bool(gc.return_dict_in_generate and gc.output_scores)
-    want_logits = bool(gc.return_dict_in_generate and gc.output_logits)
-    all_scores, all_logits = [], []
+
+def _make_step(model, run, st):
+    """The decode-step callable: (model inputs) -> (last logits, attentions, hidden states)."""
+    call = model
+    nominal = None if st.own else st.cache  # transformers would compile only a static cache
+    if not run.compile and nominal is not None and model._valid_auto_compile_criteria(
+            {"past_key_values": nominal}, run.gc):
+        call = model.get_compiled_call(run.gc.compile_config)
+    want_attn, want_hidden = run.want_attn, run.want_hidden
+
+    def step(kw):
+        o = call(**kw)
+        return (o.logits[:, -1, :], o.attentions if want_attn else None,
+                o.hidden_states if want_hidden else None)
+
+    if run.compile:
+        if run.device.type == "cuda":
+            return torch.compile(step, mode="reduce-overhead")
+        return torch.compile(step, fullgraph=False)
+    return step
+
+
+def _model_inputs(run, st, q, ids=None, embeds=None):
+    """Keyword arguments for one forward over `q` new positions starting at st.kv."""
+    kw = dict(st.fixed_kw)
+    if embeds is not None:
+        kw["inputs_embeds"] = embeds
+    else:
+        kw["input_ids"] = ids
+    start = st.kv
+    if st.cache is None:
+        start, q = 0, st.kv + q  # no cache: the whole sequence every step
+    end = start + q
+    if run.takes_mask:
+        kw["attention_mask"] = st.mask[:, :max(end, st.static_len)]
+    if run.takes_pos:
+        kw["position_ids"] = st.pos[:, start:end]
+    if st.tt is not None:
+        kw["token_type_ids"] = st.tt[:, start:end]
+    return kw
+
+
+def _set_fixed_inputs(run, st):
+    """The forward arguments that change only when the cache is replaced (growth)."""
+    kw = {"use_cache": st.cache is not None}
+    if st.cache is not None:
+        kw["past_key_values"] = st.cache
+    if run.logits_to_keep is not None:
+        kw["logits_to_keep"] = run.logits_to_keep
+    if run.want_attn:
+        kw["output_attentions"] = True
+    if run.want_hidden:
+        kw["output_hidden_states"] = True
+    st.fixed_kw = kw
+    # A static cache attends over its whole length: the 2-D mask must be that long (ALiBi
+    # models build their bias from it); unwritten slots are 1 and hidden by causality.
+    static = st.cache is not None and st.cache.is_compileable
+    st.static_len = st.cache.get_max_length() if static else 0
+
+
+def _prefill(model, run, st):
+    new = run.new
+    if run.embeds is not None:
+        kw = _model_inputs(run, st, new, embeds=run.embeds[:, -new:])
+    else:
+        ids = run.input_ids[:, -new:] if st.cache is not None else run.input_ids
+        kw = _model_inputs(run, st, new, ids=ids)
+    o = model(**kw)
+    res = (_contrastive_logits(run, st, kw, o.logits[:, -1, :]),
+           o.attentions if run.want_attn else None,
+           o.hidden_states if run.want_hidden else None)
+    st.kv += new
+    if run.compile:
+        _mark_static(run, st)
+    return res
+
+
+def _decode(model, run, st, streamer):
+    """Prefill, then one sample() per step until every row stops or max_length is reached."""
+    B, L0, device = run.B, run.L0, run.device
+    logits, attn, hidden = _prefill(model, run, st)
+    logits = logits.to(torch.float32, copy=True)
+    all_scores, all_logits, all_attn, all_hidden = [], [], [], []
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
     invalid = torch.zeros(B, dtype=torch.bool, device=device)
     steps_run = torch.zeros((), dtype=torch.long, device=device)
-    sync_every_step = streamer is not None or len(host_crit) > 0
-    prompt_lens = L
+    # A cache handed back as is must not hold positions of steps past the stop.
+    returns_cache = not st.own and st.cache is not None and (
+        run.cache is not None or run.gc.return_dict_in_generate)
+    sync_every_step = streamer is not None or len(run.host_crit) > 0 or returns_cache
+    sample_kw = run.sample_kw
 
-    for i in range(max_new):
-        cur = L + i
+    for i in range(run.max_new):
+        cur = L0 + i
+        _record(run, st, all_attn, all_hidden, attn, hidden)
         scores = logits
-        if want_logits:
+        if run.want_logits:
             all_logits.append(logits.clone())
-        if len(torch_procs):
-            scores = torch_procs(out[:, :cur], scores)
-        if want_scores:
+        if len(run.torch_procs):
+            scores = run.torch_procs(st.out[:, :cur], scores)
+        if run.want_scores:
             all_scores.append(processed_logits_reference(
-                scores, input_ids=hist, prompt_lens=prompt_lens, **ref_kw))
-        if seed is not None:
+                scores, input_ids=st.hist, prompt_lens=L0, **run.ref_kw))
+        if run.seed is not None:
             # A row's draw depends only on (its seed, its position): batch-independent.
-            sample_kw["offset"] = next_pos
-        tok = sample(scores, input_ids=hist, prompt_lens=prompt_lens, check=False, **sample_kw)
+            sample_kw["offset"] = st.next_pos
+        tok = sample(scores, input_ids=st.hist, prompt_lens=L0, check=False, **sample_kw)
         invalid |= unfinished & (tok < 0)
         # An invalid row (-1) must not reach the embedding before the next check raises.
         tok = tok.clamp_min(0)
-        if has_eos:
-            tok = torch.where(unfinished, tok, pad)
-        out[:, cur] = tok
-        hist[:, cur] = tok
+        if run.has_eos:
+            tok = torch.where(unfinished, tok, run.pad)
+        st.out[:, cur] = tok
+        st.hist[:, cur] = tok
         steps_run += unfinished.any()
         if streamer is not None:
             streamer.put(tok.cpu())
-        if has_eos:
-            unfinished &= ~torch.isin(tok, eos)
-        if len(host_crit):
-            unfinished &= ~host_crit(out[:, :cur + 1], scores).to(device)
-        if i == max_new - 1:
+        if run.has_eos:
+            unfinished &= ~torch.isin(tok, run.eos)
+        if len(run.host_crit):
+            unfinished &= ~run.host_crit(st.out[:, :cur + 1], scores).to(device)
+        if i == run.max_new - 1:
             break
         if sync_every_step or (i + 1) % _CHECK_EVERY == 0:
             _raise_if_invalid(invalid)
             if not bool(unfinished.any()):
                 break
-        logits = step(tok[:, None], full_mask, next_pos[:, None]).to(torch.float32, copy=True)
-        next_pos = next_pos + 1
+        _ensure_room(model, run, st, st.kv + 1, cur + 2)
+        if st.cache is None:
+            st.pos[:, st.kv] = st.next_pos
+            kw = _model_inputs(run, st, 1, ids=st.out[:, :cur + 1])
+        else:
+            kw = _model_inputs(run, st, 1, ids=tok[:, None])
+            if run.takes_pos:
+                kw["position_ids"] = st.next_pos[:, None]
+        logits, attn, hidden = st.step(kw)
+        logits = _contrastive_logits(run, st, kw, logits).to(torch.float32, copy=True)
+        st.kv += 1
+        st.next_pos = st.next_pos + 1
 
     _raise_if_invalid(invalid)
     n = int(steps_run)
-    sequences = out[:, :L + n]
+    sequences = st.out[:, :L0 + n]
     if streamer is not None:
         streamer.end()
-    if not gc.return_dict_in_generate:
+    if not run.gc.return_dict_in_generate:
         return sequences
     return GenerateDecoderOnlyOutput(
         sequences=sequences,
-        scores=tuple(all_scores[:n]) if want_scores else None,
-        logits=tuple(all_logits[:n]) if want_logits else None,
-        past_key_values=cache)
+        scores=tuple(all_scores[:n]) if run.want_scores else None,
+        logits=tuple(all_logits[:n]) if run.want_logits else None,
+        attentions=tuple(all_attn[:n]) if run.want_attn else None,
+        hidden_states=tuple(all_hidden[:n]) if run.want_hidden else None,
+        past_key_values=_returned_cache(model, run, st, run.P + n - 1))
+
+
+def _contrastive_logits(run, st, kw, logits):
+    """With an amateur model: the contrastive scores of `logits` against the amateur's logits
+    for the same inputs (issue 10); the processors, warpers and draw then act on them."""
+    if run.contrastive is None:
+        return logits
+    amateur, alpha, beta = run.contrastive
+    params = inspect.signature(amateur.forward).parameters
+    akw = {k: v for k, v in kw.items() if k in params and k not in (
+        "past_key_values", "output_attentions", "output_hidden_states", "logits_to_keep")}
+    if "logits_to_keep" in params:
+        akw["logits_to_keep"] = 1
+    cache = st.amateur_cache
+    if cache is not None:
+        akw["past_key_values"] = cache
+        if "attention_mask" in akw:
+            q = kw["input_ids"].shape[1]
+            n = cache.attention_mask_length(q) if hasattr(cache, "attention_mask_length") \
+                else st.kv + q
+            akw["attention_mask"] = st.mask[:, :n]
+    amateur_logits = amateur(**akw).logits[:, -1, :]
+    return contrastive_scores(logits, amateur_logits, cd_alpha=alpha, cd_beta=beta, check=False)
+
+
+def _record(run, st, all_attn, all_hidden, attn, hidden):
+    if run.want_attn:
+        all_attn.append(attn)
+    if run.want_hidden:
+        all_hidden.append(hidden)
+
+
+def _returned_cache(model, run, st, length):
+    """What transformers returns as past_key_values: our stand-in becomes a DynamicCache."""
+    if not st.own:
+        return st.cache
+    dynamic = DynamicCache(config=model.config)
+    for idx, layer in enumerate(st.cache.layers):
+        if layer.is_initialized:
+            dynamic.update(layer.keys[:run.B, :, :length].clone(),
+                           layer.values[:run.B, :, :length].clone(), idx)
+    return dynamic
 
 
 def _raise_if_invalid(invalid):

@@ -10,11 +10,15 @@ Semantics (shared with kernels/sampling.py; see kernels/README.md):
                 keep i iff the mass of tokens strictly more probable than i is < top_p
     draw = argmax over kept of (x - M + Gumbel(seed, offset, token id))     (gpu_sampler/rng.py)
 A row with NaN logits, no finite logit, or an invalid per-row parameter is *invalid*: token -1,
-logprob -inf, distribution all zeros. A row whose x reaches +inf keeps only its +inf tokens.
+logprob -inf, distribution all zeros (per-row rules: docs/reliability.md). A row whose max x
+overflows (to +inf, or to -inf while its max xp is finite) is the limit T -> 0: it keeps the
+tokens whose xp equals its max xp, uniformly. The max tie group always survives top-p.
 
 No full-vocab sort on the usual paths: everything after the penalties runs on the top-K
 candidates of torch.topk, with K grown only when a row keeps more than K tokens.
 """
+import math
+
 import torch
 
 from . import rng
@@ -42,11 +46,12 @@ def _is_tensor_or(v, pred):
 def _bad_rows(B, dev, **params):
     """Per-row parameter violations, or None when every parameter is a (validated) scalar."""
     bad = None
-    rules = dict(temperature=lambda v: (v < 0) | v.isnan(), top_k=lambda v: v < 0,
-                 top_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
-                 min_p=lambda v: (v < 0) | (v > 1) | v.isnan(),
-                 repetition_penalty=lambda v: (v <= 0) | v.isnan(),
-                 presence_penalty=lambda v: v.isnan(), frequency_penalty=lambda v: v.isnan())
+    inf = float("inf")
+    rules = dict(temperature=lambda v: ~((v >= 0) & (v < inf)), top_k=lambda v: v < 0,
+                 top_p=lambda v: ~((v >= 0) & (v <= 1)), min_p=lambda v: ~((v >= 0) & (v <= 1)),
+                 repetition_penalty=lambda v: ~((v > 0) & (v < inf)),
+                 presence_penalty=lambda v: ~v.isfinite(),
+                 frequency_penalty=lambda v: ~v.isfinite())
     for name, v in params.items():
         if isinstance(v, torch.Tensor):
             b = rules[name](v)
@@ -98,6 +103,105 @@ def _tie_aware_mass_above(vals, e):
     is_start[:, 1:] = vals[:, 1:] != vals[:, :-1]
     start = torch.where(is_start, pos, 0).cummax(1).values
     return excl.gather(1, start)
+
+
+def _overflow_rows(x, idx, M, valid, greedy):
+    """Rows to sample whose max x = xp / T is +-inf although their max xp is not -inf (x
+    overflowed, or xp holds +inf): their indices, or None. NaN and dead rows are not among them."""
+    top = x.gather(1, idx[:, :1]).squeeze(1)  # max xp (topk runs on xp)
+    ovf = M.isinf() & (top > float("-inf"))
+    if valid is not None:
+        ovf = ovf & valid
+    if greedy is not None:
+        ovf = ovf & ~greedy
+    if not bool(ovf.any()):
+        return None
+    return ovf.nonzero().squeeze(1)
+
+
+class _Switches:
+    """Which filters a call has on, from the normalised parameters (shared with distributed)."""
+    __slots__ = ("V", "top_k", "top_p", "min_p", "k_tensor", "kact", "k_any", "K0", "p_on",
+                 "p_any", "p_zero", "mp_on")
+
+    def __init__(self, V, top_k, top_p, min_p):
+        self.V, self.top_k, self.top_p, self.min_p = V, top_k, top_p, min_p
+        k = top_k
+        self.k_tensor = isinstance(k, torch.Tensor)
+        self.kact = ((k > 0) & (k < V)) if self.k_tensor else (0 < k < V)
+        self.k_any = bool(self.kact.any()) if self.k_tensor else self.kact
+        # First candidate count: max(top_k) + 1 (the K-th candidate must be provably dropped).
+        self.K0 = (min(V, (int(k.max()) if self.k_tensor else k) + 1) if self.k_any
+                   else min(V, _K0))
+        self.p_on = _col(top_p) < 1.0
+        self.p_any = bool(self.p_on.any()) if isinstance(self.p_on, torch.Tensor) else self.p_on
+        # The max tie group is always kept: its mass above is exactly 0, which is < top_p * z
+        # (z >= 1) for any top_p > 0 in float32; only a top_p that is 0 in float32 needs the
+        # explicit fallback (a per-row tensor may hold one).
+        self.p_zero = isinstance(top_p, torch.Tensor) or top_p <= 2.0 ** -150  # 0 in float32
+        self.mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+
+
+class _Lazy:
+    """A value computed on first use (the full-row mass is only needed without top-k)."""
+    __slots__ = ("fn", "value")
+
+    def __init__(self, fn):
+        self.fn, self.value = fn, None
+
+    def __call__(self):
+        if self.value is None:
+            self.value = self.fn()
+        return self.value
+
+
+def filter_candidates(vals, sw, z_full):
+    """The kept set on one window of sorted candidates: the rules after the temperature.
+
+    vals: float32 [B, K], each row descending (-inf padded), already divided by T; sw: the
+    call's _Switches; z_full(): float32 [B] full-row mass sum(exp(x - M)), called only where
+    no top-k is active. Returns (keep [B, K] bool, e [B, K] masked exp(x - M), tau_k [B, 1] or
+    None, last_dropped [B] bool: the window's last candidate is provably not kept, so no
+    token beyond the window can be). The twin calls it on torch.topk windows, the
+    vocab-parallel sampler on candidates merged across ranks.
+    """
+    M = vals[:, 0]
+    # Invalid rows may get NaN here; they are masked by `sampling` by the caller.
+    e = torch.exp(vals - M[:, None])
+    k = sw.top_k
+    if sw.k_any and sw.k_tensor:
+        kk = torch.where(sw.kact, k, 1) - 1
+        tau_k = torch.where(sw.kact, vals.gather(1, kk[:, None]).squeeze(1),
+                            float("-inf"))[:, None]
+        keep = vals >= tau_k
+    elif sw.k_any:
+        tau_k = vals[:, k - 1:k]
+        keep = vals >= tau_k
+    else:
+        tau_k = None
+        keep = vals > float("-inf")
+    keep = keep & (vals > float("-inf"))
+    e = e * keep
+    if sw.k_any:
+        z = e.sum(1)
+        if sw.k_tensor and not bool(sw.kact.all()):
+            z = torch.where(sw.kact, z, z_full())
+    else:
+        z = z_full()
+    if sw.p_any:
+        above = _tie_aware_mass_above(vals, e)
+        kp = keep & (above < _col(sw.top_p) * z[:, None])
+        if sw.p_zero:
+            kp = kp | (keep & (above == 0))
+        keep = torch.where(sw.p_on, kp, keep) if isinstance(sw.p_on, torch.Tensor) else kp
+    if sw.mp_on:
+        keep = keep & (e >= _col(sw.min_p))
+    last_dropped = ~keep[:, -1]
+    if tau_k is not None:
+        # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).
+        below_k = ~(vals[:, -1:] >= tau_k).squeeze(1) | (vals[:, -1] == float("-inf"))
+        last_dropped &= (below_k | ~sw.kact) if sw.k_tensor else below_k
+    return keep, e, tau_k, last_dropped
 
 
 class _State:
@@ -162,74 +266,37 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     # Scalars stay Python numbers: at small B the cost is the number of torch calls.
     tdiv = torch.where(~valid | greedy, 1.0, T)[:, None] if isinstance(T, torch.Tensor) else float(T)
 
-    k = top_k
-    k_tensor = isinstance(k, torch.Tensor)
-    kact = ((k > 0) & (k < V)) if k_tensor else (0 < k < V)
-    k_any = bool(kact.any()) if k_tensor else kact
-    K = min(V, (int(k.max()) if k_tensor else k) + 1) if k_any else min(V, _K0)
-    p_on = _col(top_p) < 1.0
-    p_any = bool(p_on.any()) if isinstance(p_on, torch.Tensor) else p_on
-    # top_p == 0 keeps nothing by the rule; only then is the keep-the-max fallback needed.
-    p_zero = isinstance(top_p, torch.Tensor) or top_p == 0
-    mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+    sw = _Switches(V, top_k, top_p, min_p)
+    K = sw.K0
     z_full = None
     while True:
         vals, idx = torch.topk(x, K, dim=1)
         if isinstance(tdiv, torch.Tensor) or tdiv != 1.0:
             vals = vals / tdiv
         M = vals[:, 0]
-        posinf = M == float("inf")
-        if bool(posinf.any()):
-            # The limit of a softmax whose logits overflow: uniform over the +inf tokens.
-            if not owned:
-                x, owned = x.clone(), True
-            if not isinstance(tdiv, torch.Tensor):
-                tdiv = torch.full((B, 1), tdiv, device=dev)
-            r = posinf.nonzero().squeeze(1)
-            x[r] = torch.where(x[r] / tdiv[r] == float("inf"), 0.0, float("-inf"))
-            tdiv[r] = 1.0
-            continue
+        # One reduction flags any non-finite M (a sum that merely overflows only costs the
+        # exact per-row test below): overflowed rows, and also NaN / dead rows.
+        if not math.isfinite(M.sum().item()):
+            r = _overflow_rows(x, idx, M, valid, greedy)
+            if r is not None:
+                # x = xp / T overflowed: the limit T -> 0 keeps the argmax tie group of xp.
+                if not owned:
+                    x, owned = x.clone(), True
+                if not isinstance(tdiv, torch.Tensor):
+                    tdiv = torch.full((B, 1), tdiv, device=dev)
+                xr = x[r]
+                x[r] = torch.where(xr == xr.gather(1, idx[r, :1]), 0.0, float("-inf"))
+                tdiv[r] = 1.0
+                continue
         sampling = M > float("-inf")  # False for NaN rows too
         if valid is not None:
             sampling = sampling & valid
         if greedy is not None:
             sampling = sampling & ~greedy
-        # Invalid rows may get NaN here; they are masked by `sampling` at the end.
-        e = torch.exp(vals - M[:, None])
-        if k_any and k_tensor:
-            kk = torch.where(kact, k, 1) - 1
-            tau_k = torch.where(kact, vals.gather(1, kk[:, None]).squeeze(1), float("-inf"))[:, None]
-            keep = vals >= tau_k
-        elif k_any:
-            tau_k = vals[:, k - 1:k]
-            keep = vals >= tau_k
-        else:
-            tau_k = None
-            keep = vals > float("-inf")
-        keep = keep & (vals > float("-inf"))
-        e = e * keep
-        if k_any:
-            z = e.sum(1)
-            if k_tensor and not bool(kact.all()):
-                if z_full is None:
-                    z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
-                z = torch.where(kact, z, z_full)
-        else:
-            if z_full is None:
-                z_full = torch.exp(torch.logsumexp(x / tdiv, 1) - torch.where(sampling, M, 0.0))
-            z = z_full
-        if p_any:
-            above = _tie_aware_mass_above(vals, e)
-            kp = keep & (above < _col(top_p) * z[:, None])
-            if p_zero:
-                kp = kp | (keep & ~kp.any(1, keepdim=True) & (vals == vals[:, :1]))
-            keep = torch.where(p_on, kp, keep) if isinstance(p_on, torch.Tensor) else kp
-        if mp_on:
-            keep = keep & (e >= _col(min_p))
-        last_dropped = ~keep[:, -1]
-        if tau_k is not None:
-            below_k = ~(vals[:, -1:] >= tau_k).squeeze(1)
-            last_dropped &= (below_k | ~kact) if k_tensor else below_k
+        if z_full is None:
+            z_full = _Lazy(lambda: torch.exp(torch.logsumexp(x / tdiv, 1)
+                                             - torch.where(sampling, M, 0.0)))
+        keep, e, tau_k, last_dropped = filter_candidates(vals, sw, z_full)
         if K == V or bool((last_dropped | ~sampling).all()):
             break
         K = min(V, K * 4)
@@ -259,7 +326,9 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         tok = logits.argmax(1)
         top = logits.gather(1, tok[:, None]).squeeze(1)
         ok = ~top.isnan() & (top > float("-inf"))
-        bad = _bad_rows(B, dev, top_k=top_k, top_p=top_p, min_p=min_p)
+        bad = _bad_rows(B, dev, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                        frequency_penalty=frequency_penalty)
         if bad is not None:
             ok &= ~bad
         return torch.where(ok, tok, -1), torch.where(ok, 0.0, float("-inf"))

@@ -7,13 +7,15 @@ a Python number for every row, or a contiguous (B,) tensor (float32, or int64 fo
 import math
 import numbers
 import os
+import struct
 
 import torch
 
 from . import reference
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BACKENDS = ("auto", "torch", "triton")
+_U64 = 1 << 64
 
 
 def triton_available():
@@ -29,60 +31,134 @@ def _fmt(v):
     return repr(v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
 
 
-def _param(name, value, B, device, kind, check, bad_if, scalar_bad):
-    """Normalise one parameter; ``bad_if`` maps a tensor of values to a bool mask of bad ones,
-    ``scalar_bad`` tests a Python number (no tensor round trip on the per-token path)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.shape[0] != B:
-            raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
-                             f"got a tensor of shape {tuple(value.shape)}")
-        if value.device != device:
-            raise ValueError(f"{name} must be on the logits' device {device}, got {value.device}")
-        if kind == "int":
-            if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"{name} must be an integer tensor, got dtype {value.dtype}")
-            value = value.to(torch.int64).contiguous()
-        else:
-            if not value.dtype.is_floating_point:
-                raise ValueError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-            value = value.to(torch.float32).contiguous()
-        if check:
-            bad = bad_if(value.to(torch.float64))
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0, 0])
-                raise ValueError(f"{name} has an invalid value {value[i].item()!r} at row {i}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, got {value!r}")
-    if kind == "int":
-        if isinstance(value, float) and not value.is_integer():
+def _f32(v):
+    """A Python float rounded to float32 (still a Python float); +-inf past float32's range."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def int64_seed(value, name="seed"):
+    """A Python int seed / offset in [-2**63, 2**64) as the int64 with the same 64 bits, so s
+    and s - 2**64 name the same stream; ValueError naming ``name`` otherwise."""
+    if type(value) is not int and (isinstance(value, bool)
+                                   or not isinstance(value, numbers.Integral)):
+        raise ValueError(f"{name} must be an int or an int64 tensor, got {value!r}")
+    value = int(value)
+    if not -(_U64 >> 1) <= value < _U64:
+        raise ValueError(f"{name}={value} is outside [-2**63, 2**64): seeds and offsets are "
+                         "64-bit")
+    return value - _U64 if value >= _U64 >> 1 else value
+
+
+def _scalar(name, value, B, V, check_scalar):
+    """A Python-number parameter normalised by the numeric policy (docs/reliability.md)."""
+    kind = _RULES[name][0]
+    t = type(value)  # the common float / int skip the slower ABC checks (per-token path)
+    if t is not float and t is not int and (isinstance(value, bool)
+                                            or not isinstance(value, numbers.Real)):
+        raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
+                         f"got {value!r}")
+    if kind == "seed":
+        if t is not int and not isinstance(value, numbers.Integral):
             raise ValueError(f"{name} must be an integer, got {value!r}")
+        return int64_seed(value, name)
+    if kind == "int":
+        if t is not int and not isinstance(value, numbers.Integral):
+            f = float(value)
+            if not f.is_integer():
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         value = int(value)
-    else:
-        value = float(value)
-    if scalar_bad(value):
+        if check_scalar(value):
+            raise ValueError(f"{name} has an invalid value {value!r}")
+        return min(value, V) if name == "top_k" else value  # >= V keeps all
+    try:
+        f = float(value)
+        finite = math.isfinite(f)
+    except OverflowError:  # an int beyond float64: a number, but not one float32 holds
+        f, finite = (math.inf if value > 0 else -math.inf), True
+    v = _f32(f)  # both backends compute in float32: they must see the same number
+    if check_scalar(v) or (v == 0 and f > 0 and name in _POSITIVE):
+        if finite and not math.isfinite(v):
+            raise ValueError(f"{name}={value!r} is not finite in float32 (the sampler's math is "
+                             "float32; |value| must be < 3.4e38)")
+        if f > 0 and v == 0:
+            raise ValueError(f"{name}={value!r} rounds to 0 in float32 (the sampler's math is "
+                             "float32; the smallest positive value is 1.4e-45)")
         raise ValueError(f"{name} has an invalid value {value!r}")
+    return v
+
+
+def _param(name, value, B, V, device, check):
+    """Normalise one parameter: a Python number (float32-exact for float parameters) or a
+    contiguous (B,) tensor (float32, or int64 for integer ones)."""
+    kind, bad_if, check_scalar = _RULES[name]
+    if not isinstance(value, torch.Tensor):
+        return _scalar(name, value, B, V, check_scalar)
+    if value.dim() != 1 or value.shape[0] != B:
+        raise ValueError(f"{name} must be a number or a 1-D tensor of length B={B}, "
+                         f"got a tensor of shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} must be on the logits' device {device}, got {value.device}")
+    given = value
+    if kind != "float":
+        if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+        value = value.to(torch.int64).contiguous()  # uint64 seeds keep their 64 bits
+        if name == "top_k":
+            value = value.clamp(max=V)
+    else:
+        if not value.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+        value = value.to(torch.float32).contiguous()
+        if given.dtype == torch.float64 and name in _POSITIVE:
+            # Positive but 0 in float32 is refused like the scalar: NaN makes the row invalid.
+            value = torch.where((given > 0) & (value == 0), float("nan"), value)
+    if check:
+        bad = bad_if(value)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{name} has an invalid value {given[i].item()!r} at row {i} "
+                             "(in float32, the sampler's math)")
     return value
 
 
-def _finite(v):
-    return math.isfinite(v)
+def _not_in_unit(v):
+    return ~((v >= 0) & (v <= 1))
 
 
+_POSITIVE = ("temperature", "repetition_penalty")  # a positive value must stay positive in fp32
+_INF = math.inf
 _RULES = {
-    # name: (kind, bad values as a tensor predicate, the same for a Python number)
-    "temperature": ("float", lambda v: (v < 0) | ~v.isfinite(), lambda v: not (_finite(v) and v >= 0)),
+    # name: (kind, bad values of a float32/int64 tensor, the same for a normalised number)
+    "temperature": ("float", lambda v: ~((v >= 0) & (v < _INF)),
+                    lambda v: not (0 <= v < _INF)),
     "top_k": ("int", lambda v: v < 0, lambda v: v < 0),
-    "top_p": ("float", lambda v: ~((v >= 0) & (v <= 1)), lambda v: not 0 <= v <= 1),
-    "min_p": ("float", lambda v: ~((v >= 0) & (v <= 1)), lambda v: not 0 <= v <= 1),
-    "repetition_penalty": ("float", lambda v: (v <= 0) | ~v.isfinite(),
-                           lambda v: not (_finite(v) and v > 0)),
-    "presence_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not _finite(v)),
-    "frequency_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not _finite(v)),
+    "top_p": ("float", _not_in_unit, lambda v: not 0 <= v <= 1),
+    "min_p": ("float", _not_in_unit, lambda v: not 0 <= v <= 1),
+    "repetition_penalty": ("float", lambda v: ~((v > 0) & (v < _INF)),
+                           lambda v: not 0 < v < _INF),
+    "presence_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not math.isfinite(v)),
+    "frequency_penalty": ("float", lambda v: ~v.isfinite(), lambda v: not math.isfinite(v)),
     "prompt_lens": ("int", lambda v: v < 0, lambda v: v < 0),
-    "seed": ("int", lambda v: v != v, lambda v: False),
-    "offset": ("int", lambda v: v != v, lambda v: False),
+    # contrastive decoding (gpu_sampler/contrastive.py)
+    "cd_alpha": ("float", _not_in_unit, lambda v: not 0 <= v <= 1),
+    "cd_beta": ("float", lambda v: ~((v >= 0) & (v < _INF)), lambda v: not 0 <= v < _INF),
+    "seed": ("seed", None, None),
+    "offset": ("seed", None, None),
 }
+
+
+def _check_generator(generator, device):
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be None or a torch.Generator, got {generator!r}")
+    gd = generator.device
+    if gd.type != device.type or (gd.index is not None and device.index is not None
+                                  and gd.index != device.index):
+        raise ValueError(f"generator is on {gd}; it must be on the logits' device {device}")
 
 
 def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend):
@@ -90,6 +166,9 @@ def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, 
         raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
+    if logits.dtype == torch.float64:
+        raise ValueError("logits must be float32/float16/bfloat16, got float64: the sampler's "
+                         "math is float32, convert with logits.float()")
     if logits.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"logits must be floating point (float32/float16/bfloat16), "
                          f"got dtype {logits.dtype}")
@@ -101,7 +180,7 @@ def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, 
     dev = logits.device
     out = {}
     for name, value in params.items():
-        out[name] = _param(name, value, B, dev, *_RULES[name][:1], check, *_RULES[name][1:])
+        out[name] = _param(name, value, B, V, dev, check)
 
     if input_ids is not None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -118,16 +197,15 @@ def _normalise(logits, params, input_ids, prompt_lens, generator, seed, offset, 
             if mx >= V:
                 raise ValueError(f"input_ids contains id {mx}, which is >= the vocabulary size V={V}")
     if prompt_lens is not None:
-        prompt_lens = _param("prompt_lens", prompt_lens, B, dev, "int", check,
-                             *_RULES["prompt_lens"][1:])
+        prompt_lens = _param("prompt_lens", prompt_lens, B, V, dev, check)
+    _check_generator(generator, dev)
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     if offset is not None and seed is None:
         raise ValueError(f"offset={_fmt(offset)} needs seed: offsets index a seeded stream")
     if seed is not None:
-        seed = _param("seed", seed, B, dev, "int", False, *_RULES["seed"][1:])
-        offset = _param("offset", 0 if offset is None else offset, B, dev, "int", False,
-                        *_RULES["offset"][1:])
+        seed = _param("seed", seed, B, V, dev, False)
+        offset = _param("offset", 0 if offset is None else offset, B, V, dev, False)
     return out, input_ids, prompt_lens, seed, offset
 
 
@@ -172,27 +250,39 @@ def _raise_invalid(logits, bad_rows, what):
 def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
            presence_penalty=0.0, frequency_penalty=0.0, input_ids=None, prompt_lens=None,
            generator=None, seed=None, offset=None, return_logprobs=False, check=True,
-           backend="auto"):
+           backend="auto", amateur_logits=None, cd_alpha=0.1, cd_beta=0.5):
     """Draw one token per row after penalties, temperature, top-k, top-p and min-p.
 
     Args:
-        logits: [B, V] float32 / float16 / bfloat16 (math is float32), V >= 1.
+        logits: [B, V] float32 / float16 / bfloat16 (math is float32; float64 is refused),
+            V >= 1.
         temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
         frequency_penalty: a Python number for every row, or a 1-D tensor of length B on the
             logits' device. temperature 0 = greedy for that row (argmax, lowest index on ties);
-            top_k 0, top_p 1.0, min_p 0.0 = off. Applied in transformers' order:
+            top_k 0 or >= V, top_p 1.0, min_p 0.0 = off. Applied in transformers' order:
             repetition -> presence/frequency -> temperature -> top-k -> top-p -> min-p.
+            Float values are rounded to float32 first; one float32 cannot hold (not finite,
+            or a positive temperature / repetition_penalty that rounds to 0) is refused.
+            Extreme values: docs/reliability.md.
         input_ids: [B, L] integer history for the penalties; negative ids are padding.
         prompt_lens: int or LongTensor [B]; presence/frequency count only positions >= it.
-        generator: torch.Generator for the draw (default: the device's default generator).
-        seed, offset: int or LongTensor [B] each; a row's token then depends only on its
-            logits, parameters, seed and offset (e.g. offset = position).
+        generator: torch.Generator on the logits' device for the draw (default: the device's
+            default generator).
+        seed, offset: int in [-2**63, 2**64) or LongTensor [B] each; a row's token then depends
+            only on its logits, parameters, seed and offset (e.g. offset = position). Ints are
+            64-bit: s and s - 2**64 are the same stream.
         return_logprobs: also return the float32 log-probability of each drawn token under
             the distribution it was drawn from (``sampling_distribution``).
         check: validate tensor parameter values and raise ValueError for NaN rows or rows with
             nothing left to sample (may synchronise). With check=False nothing synchronises
-            and such rows yield token -1 (logprob -inf).
+            and such rows, and rows with an invalid per-row value (NaN, +-inf, ...), yield
+            token -1 (logprob -inf).
         backend: "auto" (Triton kernel on CUDA, torch twin otherwise), "triton" or "torch".
+        amateur_logits, cd_alpha, cd_beta: contrastive decoding (gpu_sampler/contrastive.py):
+            with amateur_logits [B, V] (same shape and device) the row samples from the scores
+            (1 + cd_beta) * logits - cd_beta * amateur_logits on the tokens with
+            p >= cd_alpha * max p (others -inf); everything above then applies to the scores.
+            cd_alpha in [0, 1], cd_beta >= 0: numbers or float tensors [B].
 
     Returns:
         LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs.
@@ -210,6 +300,10 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, seed, offset = _normalise(
         logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend)
+    # ---- contrastive decoding (issue 10): sample the scores; see gpu_sampler/contrastive.py --
+    from .contrastive import contrastive_input
+    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
+    # ---- end contrastive decoding --------------------------------------------------------------
     B = logits.shape[0]
     if seed is None:
         seed = _draw_seeds(B, logits.device, generator, _needs_random(params["temperature"]))
@@ -236,7 +330,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
 @torch.no_grad()
 def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                          input_ids=None, prompt_lens=None, check=True, backend="auto"):
+                          input_ids=None, prompt_lens=None, check=True, backend="auto",
+                          amateur_logits=None, cd_alpha=0.1, cd_beta=0.5):
     """The exact distribution ``sample`` draws from, as float32 [B, V].
 
     Takes the same filtering / penalty parameters as ``sample`` (see there). Filtered tokens are
@@ -254,6 +349,10 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, _, _ = _normalise(
         logits, params, input_ids, prompt_lens, None, None, None, check, backend)
+    # ---- contrastive decoding (issue 10): see gpu_sampler/contrastive.py ----------------------
+    from .contrastive import contrastive_input
+    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
+    # ---- end contrastive decoding --------------------------------------------------------------
     if logits.shape[0] == 0:
         return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if _pick_backend(backend, logits) == "triton":

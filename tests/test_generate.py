@@ -3,7 +3,7 @@
 import pytest
 import torch
 from scipy import stats
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 from transformers.generation import logits_process as lp
 from transformers.generation.streamers import BaseStreamer
 
@@ -123,8 +123,9 @@ def test_sampling_scores_equal_hf_processor_chain(min_p):
     kw = dict(do_sample=True, repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
     if min_p is not None:
         kw["min_p"] = min_p
+    # No eos: a row that drew it would continue with pad tokens outside the support.
     res = generate(model, ids, attention_mask=mask, max_new_tokens=8, return_dict_in_generate=True,
-                   output_scores=True, output_logits=True, **kw)
+                   output_scores=True, output_logits=True, eos_token_id=V + 5, **kw)
     seq = res.sequences
     assert len(res.scores) == len(res.logits) == seq.shape[1] - L
     chain = _hf_chain((mask != 0).int().argmax(1), min_p=min_p)
@@ -334,11 +335,40 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
                    return_dict_in_generate=True)
     assert len(seen) == 9  # one prefill + 8 decode steps
     assert len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
-    assert isinstance(res.past_key_values, StaticKVCache)
+    # What transformers returns by default, holding every position but the last token's.
+    assert type(res.past_key_values) is DynamicCache
+    assert res.past_key_values.get_seq_length() == res.sequences.shape[1] - 1
+
+
+def test_buffers_double_between_steps(monkeypatch):
+    """A huge max_new_tokens allocates a bounded start and doubles it; tokens stay exact."""
+    import gpu_sampler.generation as gen
+
+    model = tiny_model("gpt2", seed=19)
+    monkeypatch.setattr(gen, "_INITIAL_NEW_POSITIONS", 3)
+    caps = []
+    real_grow = gen._grow_cache
+
+    def grow(model, cache, B, length):
+        caps.append(length)
+        return real_grow(model, cache, B, length)
+
+    monkeypatch.setattr(gen, "_grow_cache", grow)
+    ids, mask = _prompts([6, 2], _seed())
+    L = ids.shape[1]
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                         repetition_penalty=1.2, return_dict_in_generate=True)
+    res = generate(model, ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                   repetition_penalty=1.2, return_dict_in_generate=True)
+    assert torch.equal(res.sequences, ref.sequences)
+    # Capacity L + 3, then doubled: 12, 24, then capped at the L + 39 positions fed.
+    assert caps == [2 * (L + 3), 4 * (L + 3), L + 39]
+    k_ref, k = ref.past_key_values.layers[0].keys, res.past_key_values.layers[0].keys
+    assert k.shape == k_ref.shape
+    torch.testing.assert_close(k, k_ref, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(num_beams=2), NotImplementedError, "num_beams"),
     (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "penalty_alpha"),
     (dict(dola_layers="high"), NotImplementedError, "dola_layers"),
     (dict(guidance_scale=1.5), NotImplementedError, "guidance_scale"),
@@ -346,10 +376,11 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
      "prefix_allowed_tokens_fn"),
     (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
     (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),
-    (dict(do_sample=True, typical_p=0.5), NotImplementedError, "typical_p"),
-    (dict(sequence_bias={(5,): 1.0}), NotImplementedError, "sequence_bias"),
-    (dict(output_attentions=True, return_dict_in_generate=True), NotImplementedError,
-     "output_attentions"),
+    (dict(encoder_repetition_penalty=1.5), NotImplementedError, "encoder_repetition_penalty"),
+    (dict(cache_implementation="paged"), NotImplementedError, "cache_implementation"),
+    (dict(negative_prompt_ids=torch.ones(1, 2, dtype=torch.long)), NotImplementedError,
+     "negative_prompt_ids"),
+    (dict(custom_generate=lambda *a, **k: None), NotImplementedError, "custom_generate"),
     (dict(not_an_argument=3), ValueError, "not_an_argument"),
     (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
     (dict(max_new_tokens=-2), ValueError, "max_new_tokens"),
@@ -421,3 +452,99 @@ def test_compile_inductor_same_tokens_as_eager():
     kw = dict(max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20, seed=3)
     assert torch.equal(generate(model, ids, attention_mask=mask, compile=True, **kw),
                        generate(model, ids, attention_mask=mask, **kw))
+
+
+def test_huge_max_new_tokens_allocates_what_is_generated():
+    """max_new_tokens=10**9 as "no limit": bounded buffers, stopped by a criterion."""
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    model = tiny_model("llama", seed=20)
+    ids, mask = _prompts([5, 3], _seed())
+    L = ids.shape[1]
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= L + 6)
+
+    kw = dict(attention_mask=mask, max_new_tokens=10**9, do_sample=False,
+              stopping_criteria=StoppingCriteriaList([StopAt()]), return_dict_in_generate=True)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences) and out.sequences.shape[1] == L + 6
+
+
+def test_too_small_static_cache_is_refused_before_any_write():
+    model = tiny_model("llama", seed=21)
+    ids = torch.randint(3, V, (1, 6))
+    cache = StaticKVCache(model.config, 1, 8)
+    with pytest.raises(ValueError, match="past_key_values"):
+        generate(model, ids, past_key_values=cache, max_new_tokens=5)
+    assert cache.get_seq_length() == 0
+
+
+def test_compile_config_follows_transformers_auto_compile(monkeypatch):
+    """compile_config is honoured where transformers would compile (a static cache on an
+    accelerator, or CompileConfig._compile_all_devices); never for the default cache."""
+    from transformers import CompileConfig
+
+    model = tiny_model("llama", seed=22)
+    ids, mask = _prompts([5, 3], _seed())
+    ref = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    used = []
+
+    def compiled_call(config):
+        used.append(config)
+        return model.__call__
+
+    monkeypatch.setattr(model, "get_compiled_call", compiled_call)
+    config = CompileConfig()
+    config._compile_all_devices = True
+    for impl in (None, "static"):
+        out = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                       cache_implementation=impl, compile_config=config)
+        assert torch.equal(out, ref)
+    assert used == [config]
+
+
+TORCH_SIDE_CASES = {
+    "sequence_bias": dict(sequence_bias={(5,): 4.0, (7, 8): -3.0}),
+    "suppress_tokens": dict(suppress_tokens=[5, 6, 7]),
+    "begin_suppress_tokens": dict(begin_suppress_tokens=[5, 6]),
+    "forced_bos": dict(forced_bos_token_id=4),
+    "forced_eos": dict(forced_eos_token_id=3),
+    "exp_decay": dict(exponential_decay_length_penalty=(2, 1.5), eos_token_id=3),
+    "renormalize": dict(renormalize_logits=True, repetition_penalty=1.3),
+    "typical": dict(do_sample=True, typical_p=0.6, temperature=0.8),
+    "epsilon": dict(do_sample=True, epsilon_cutoff=3e-3, top_k=20),
+    "eta": dict(do_sample=True, eta_cutoff=1e-3, top_p=0.9),
+    "top_h": dict(do_sample=True, top_h=0.4),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCH_SIDE_CASES))
+def test_other_transformers_processors_match_hf(case):
+    """Processors without a fused twin run as transformers' own, in transformers' order."""
+    model = tiny_model("gpt2", seed=23)
+    ids, mask = _prompts([5, 3], _seed())
+    L = ids.shape[1]
+    kw = dict(TORCH_SIDE_CASES[case], attention_mask=mask, max_new_tokens=6,
+              return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+    kw.setdefault("eos_token_id", None)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, seed=1, **kw)
+    if not kw.get("do_sample"):
+        assert torch.equal(out.sequences, ref.sequences)
+    for i, s in enumerate(out.scores):  # every drawn token is inside the processed support
+        assert bool(torch.isfinite(s.gather(1, out.sequences[:, L + i, None])).all())
+    torch.testing.assert_close(out.scores[0], ref.scores[0], atol=1e-5, rtol=0)
+
+
+def test_signature_is_transformers():
+    """Same parameters in the same order as GenerationMixin.generate (after the model)."""
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    ours = list(inspect.signature(generate).parameters)[1:]
+    theirs = list(inspect.signature(GenerationMixin.generate).parameters)[1:]
+    assert ours == theirs

@@ -1,0 +1,214 @@
+"""Contrastive decoding (O'Brien & Lewis 2023): an expert's logits minus an amateur's.
+
+For one row with expert logits e and amateur logits a over the same vocabulary (float32 math):
+
+    M     = max_i e_i                                   (NaN ignored)
+    head  = {i : e_i > -inf and (e_i == M or e_i - M >= log cd_alpha)}
+            i.e. p_expert(i) >= cd_alpha * max p_expert; cd_alpha = 0 keeps every token with
+            e_i > -inf; when M = +inf and cd_alpha > 0 the head is the +inf tokens
+    score = (1 + cd_beta) * e_i - cd_beta * a_i   on the head (= e_i when cd_beta == 0),
+            -inf elsewhere
+
+The scores then go through ``sample()``'s usual machinery as if they were the logits: penalties,
+temperature (0 = the paper's greedy search), top-k, top-p, min-p and the draw. Edge values:
+
+- NaN anywhere in e or in a makes the row invalid (token -1 / an all-zero distribution, or a
+  ValueError with check=True), whether or not the NaN sits in the head: its scores hold NaN.
+- a_i = -inf on a head token (with cd_beta > 0) gives score +inf; scores that overflow float32
+  are +inf too. The overflow rule of ``sample()`` then keeps only the row's +inf tokens.
+- a_i = +inf on a head token gives -inf (the amateur is certain: the token is removed), except
+  when e_i = +inf as well: +inf - +inf is undefined and the row is invalid.
+- A per-row cd_alpha outside [0, 1] or NaN, or a per-row cd_beta that is negative, NaN or inf,
+  makes the row invalid (check=False) or raises ValueError (check=True).
+
+``contrastive_scores_reference`` is the torch twin of ``kernels.contrastive_scores`` (Triton);
+``contrastive_scores`` validates and dispatches between them. ``generate(..., amateur_model=...)``
+runs the amateur on its own StaticKVCache next to the model and feeds these scores to the loop
+(``generation._contrastive_logits``).
+"""
+import numbers
+
+import torch
+
+from .sampler import _RULES, _f32, _normalise, _param, _pick_backend
+
+__all__ = ["contrastive_scores", "contrastive_scores_reference"]
+
+CD_ALPHA = 0.1
+CD_BETA = 0.5
+_AMATEUR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_cd_param(name, value, B, device, check=True):
+    """cd_alpha / cd_beta as a float32-exact Python float or a float32 (B,) tensor.
+
+    Scalars are rounded to float32 before the range test, so both backends see the same value.
+    """
+    return _param(name, value, B, None, device, check)
+
+
+def _given(value, default):
+    return isinstance(value, torch.Tensor) or value != default
+
+
+def _log_alpha(alpha):
+    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors)."""
+    if isinstance(alpha, torch.Tensor):
+        return torch.log(alpha)
+    return torch.log(torch.tensor(alpha, dtype=torch.float32)).item()
+
+
+def _row_col(v):
+    return v[:, None] if isinstance(v, torch.Tensor) else v
+
+
+@torch.no_grad()
+def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_beta=CD_BETA):
+    """Torch twin of ``kernels.contrastive_scores``: float32 [B, V] scores (module docstring).
+
+    Parameters are already validated: float32-exact Python floats or float32 (B,) tensors.
+    Same values as the kernel on valid rows; an invalid row comes back all NaN here (the kernel
+    writes NaN at the offending tokens only; both make the row invalid downstream).
+    """
+    e = logits.to(torch.float32)
+    a = amateur_logits.to(torch.float32)
+    ninf = float("-inf")
+    M = e.amax(1, keepdim=True)  # NaN when the row has one: the row is invalid anyway
+    head = (e - M) >= _row_col(_log_alpha(cd_alpha))
+    # Only cd_alpha = 0 (log = -inf also admits e = -inf) and M = +inf (inf - inf = NaN) need
+    # the full rule; the common case is the two ops above.
+    if isinstance(cd_alpha, torch.Tensor) or cd_alpha == 0 or bool((M == float("inf")).any()):
+        head = (e > ninf) & (head | (e == M))
+    if isinstance(cd_beta, torch.Tensor):
+        b = cd_beta[:, None]
+        s = torch.where(b == 0, e, (1.0 + b) * e - b * a)
+    elif cd_beta == 0:
+        s = e.clone()
+    else:
+        # 1 + beta rounded to float32 once, as the kernel computes it; two roundings, no FMA.
+        s = torch.mul(e, _f32(1.0 + cd_beta))
+        s.sub_(torch.mul(a, cd_beta))
+    s.masked_fill_(~head, ninf)
+    bad = M.squeeze(1).isnan() | a.amax(1).isnan()  # amax propagates NaN: one cheap pass
+    for name, v in (("cd_alpha", cd_alpha), ("cd_beta", cd_beta)):
+        if isinstance(v, torch.Tensor):
+            bad |= _RULES[name][1](v)
+    return s.masked_fill_(bad[:, None], float("nan"))
+
+
+def _check_amateur(logits, amateur_logits):
+    if not isinstance(amateur_logits, torch.Tensor):
+        raise ValueError(f"amateur_logits must be a torch.Tensor, got "
+                         f"{type(amateur_logits).__name__}")
+    if amateur_logits.shape != logits.shape:
+        raise ValueError(f"amateur_logits must have the logits' shape {tuple(logits.shape)} "
+                         f"(same batch, same vocabulary), got {tuple(amateur_logits.shape)}")
+    if amateur_logits.device != logits.device:
+        raise ValueError(f"amateur_logits must be on the logits' device {logits.device}, got "
+                         f"{amateur_logits.device}")
+    if amateur_logits.dtype not in _AMATEUR_DTYPES:
+        raise ValueError(f"amateur_logits must be float32/float16/bfloat16, got dtype "
+                         f"{amateur_logits.dtype}")
+
+
+def _raise_nan_row(logits, amateur_logits, scores):
+    r = int(scores.isnan().any(1).nonzero()[0, 0])
+    if bool(logits[r].isnan().any()):
+        raise ValueError(f"logits row {r} contains NaN")
+    if bool(amateur_logits[r].isnan().any()):
+        raise ValueError(f"amateur_logits row {r} contains NaN")
+    raise ValueError(f"the contrastive score of row {r} is undefined: logits and amateur_logits "
+                     f"are both +inf at a token of the plausibility head")
+
+
+@torch.no_grad()
+def contrastive_scores(logits, amateur_logits, *, cd_alpha=CD_ALPHA, cd_beta=CD_BETA, check=True,
+                       backend="auto"):
+    """The contrastive-decoding scores of each row, float32 [B, V].
+
+    Args:
+        logits: expert logits [B, V], float32 / float16 / bfloat16.
+        amateur_logits: amateur logits, same shape and device (float32 / float16 / bfloat16).
+        cd_alpha: plausibility cut-off in [0, 1]: tokens with p_expert < cd_alpha * max p_expert
+            score -inf. A number, or a float tensor [B].
+        cd_beta: amateur weight >= 0 (finite): scores are (1 + cd_beta) * logits -
+            cd_beta * amateur_logits on the kept tokens. A number, or a float tensor [B].
+        check: raise ValueError for a row with NaN (either input) or an undefined score
+            (may synchronise); with check=False such rows hold NaN (sample() treats them as
+            invalid rows).
+        backend: "auto" (Triton on CUDA, torch otherwise), "torch" or "triton".
+
+    Returns:
+        float32 [B, V] scores; ``sample(logits, amateur_logits=...)`` samples from them.
+
+    Example:
+        >>> import torch
+        >>> from gpu_sampler.contrastive import contrastive_scores
+        >>> e = torch.tensor([[3.0, 2.0, 0.0]]); a = torch.tensor([[3.0, 0.0, 0.0]])
+        >>> contrastive_scores(e, a, cd_alpha=0.2, cd_beta=1.0)
+        tensor([[3., 4., -inf]])
+    """
+    _normalise(logits, {}, None, None, None, None, None, check, backend)
+    _check_amateur(logits, amateur_logits)
+    B = logits.shape[0]
+    cd_alpha = check_cd_param("cd_alpha", cd_alpha, B, logits.device, check)
+    cd_beta = check_cd_param("cd_beta", cd_beta, B, logits.device, check)
+    if B == 0:
+        return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if _pick_backend(backend, logits) == "triton":
+        from . import kernels
+        scores = kernels.contrastive_scores(logits, amateur_logits, cd_alpha=cd_alpha,
+                                            cd_beta=cd_beta)
+    else:
+        scores = contrastive_scores_reference(logits, amateur_logits, cd_alpha, cd_beta)
+    if check and bool(scores.isnan().any()):
+        _raise_nan_row(logits, amateur_logits, scores)
+    return scores
+
+
+def contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend):
+    """What ``sample()`` / ``sampling_distribution()`` sample from: the logits themselves, or
+    their contrastive scores when ``amateur_logits`` is given."""
+    if amateur_logits is None:
+        for name, v, default in (("cd_alpha", cd_alpha, CD_ALPHA), ("cd_beta", cd_beta, CD_BETA)):
+            if _given(v, default):
+                raise ValueError(f"{name}={v!r} needs amateur_logits (contrastive decoding)")
+        return logits
+    return contrastive_scores(logits, amateur_logits, cd_alpha=cd_alpha, cd_beta=cd_beta,
+                              check=check, backend=backend)
+
+
+# ---- generate(..., amateur_model=...) ------------------------------------------------------------
+
+def _vocab_size(model):
+    return getattr(model.config.get_text_config(decoder=True), "vocab_size", None)
+
+
+def pop_generate_args(model, kwargs):
+    """Take ``amateur_model``, ``cd_alpha``, ``cd_beta`` out of generate()'s kwargs.
+
+    Returns None (no amateur) or ``(amateur, cd_alpha, cd_beta)``; raises ValueError for
+    cd_alpha / cd_beta without an amateur, bad values, or vocabularies of different sizes.
+    """
+    amateur = kwargs.pop("amateur_model", None)
+    alpha = kwargs.pop("cd_alpha", CD_ALPHA)
+    beta = kwargs.pop("cd_beta", CD_BETA)
+    if amateur is None:
+        for name, v, default in (("cd_alpha", alpha, CD_ALPHA), ("cd_beta", beta, CD_BETA)):
+            if _given(v, default):
+                raise ValueError(f"{name}={v!r} needs amateur_model (contrastive decoding)")
+        return None
+    if getattr(amateur.config, "is_encoder_decoder", False):
+        raise NotImplementedError("amateur_model must be a decoder-only model")
+    for name, v in (("cd_alpha", alpha), ("cd_beta", beta)):
+        if isinstance(v, torch.Tensor):
+            raise ValueError(f"{name} must be a number in generate(), got a tensor")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+    alpha = check_cd_param("cd_alpha", alpha, 1, None)
+    beta = check_cd_param("cd_beta", beta, 1, None)
+    ve, va = _vocab_size(model), _vocab_size(amateur)
+    if ve != va:
+        raise ValueError(f"amateur_model has a vocabulary of {va} tokens but model has {ve}: "
+                         f"contrastive decoding needs the same vocabulary in both models")
+    return amateur, alpha, beta

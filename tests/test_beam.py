@@ -1,0 +1,323 @@
+"""Beam search / beam sampling against transformers' model.generate, and the fused beam step."""
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.nn import functional as F
+from transformers.generation import logits_process as lp
+
+import gpu_sampler.sampler
+from gpu_sampler.beam import beam_topk, beam_topk_reference
+from gpu_sampler.cache import StaticKVCache
+from gpu_sampler.generation import generate
+from tests.conftest import BACKENDS
+from tests.models import tiny_model
+from tests.test_generate import _BanMultiplesOf, _Recorder, _prompts, _seed
+
+V = 1000
+
+
+# ---- the beam step ----------------------------------------------------------------------------
+
+def _step_inputs(kind, N, Vs, g):
+    x = torch.randn(N, Vs, generator=g) * 3
+    kw = {}
+    if kind == "ties":
+        x = torch.randint(-3, 3, (N, Vs), generator=g).float()
+    if kind in ("rep", "ties"):
+        kw = dict(repetition_penalty=1.6, input_ids=torch.randint(-1, Vs, (N, 9), generator=g))
+    if kind == "temp_noise":
+        kw = dict(temperature=0.7, seed=torch.randint(0, 2**62, (N,), generator=g), offset=11)
+    if kind == "inf_heavy":  # rows with fewer finite candidates than k
+        c = x.clone()
+        c[torch.rand(N, Vs, generator=g) < 0.9] = float("-inf")
+        kw = dict(candidates=c)
+    if kind == "processed":  # already processed log-probs, with a mask on top
+        c = x.clone()
+        c[torch.rand(N, Vs, generator=g) < 0.3] = float("-inf")
+        kw = dict(normalize=False, candidates=c)
+    return x, kw
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton (GPU or interpreter)")
+@pytest.mark.parametrize("kind", ["plain", "rep", "ties", "temp_noise", "inf_heavy", "processed"])
+def test_kernel_matches_twin(kind):
+    g = torch.Generator().manual_seed(hash(kind) % 1000)
+    N, Vs, k = 3, 61, 6  # odd V; tile 16 on the interpreter exercises the tile loop
+    x, kw = _step_inputs(kind, N, Vs, g)
+    ref = beam_topk(x, k, backend="torch", **kw)
+    from gpu_sampler import kernels
+    out = kernels.beam_topk(x, k, tile=16, **kw)
+    assert torch.equal(out[2], ref[2])
+    for a, b in zip(out[:2], ref[:2]):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["plain", "rep", "ties", "inf_heavy"])
+def test_twin_is_transformers_log_probs_topk(kind):
+    """Values are log_softmax -> RepetitionPenaltyLogitsProcessor -> -inf masks (transformers'
+    beam-search order); ids are the top k, ties broken by the lower id."""
+    g = torch.Generator().manual_seed(7)
+    x, kw = _step_inputs(kind, 4, 301, g)
+    k = 8
+    v, key, ids = beam_topk_reference(x, k, **kw)
+    full = F.log_softmax(x, dim=-1)
+    if "input_ids" in kw:
+        pen = lp.RepetitionPenaltyLogitsProcessor(kw["repetition_penalty"])
+        hist = kw["input_ids"]  # -1 is padding, not history
+        full = torch.cat([pen(hist[b][hist[b] >= 0][None], full[b:b + 1]) for b in range(4)])
+    if "candidates" in kw:
+        full = full.masked_fill(kw["candidates"] == float("-inf"), float("-inf"))
+    torch.testing.assert_close(v, full.gather(1, ids), atol=1e-6, rtol=0)
+    assert torch.equal(v, key)
+    for b in range(4):
+        order = sorted(range(301), key=lambda i: (-float(full[b, i]), i))[:k]
+        assert ids[b].tolist() == order
+
+
+# ---- beam search against transformers -----------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["llama", "gpt2", "qwen2"])
+def arch_model(request):
+    return tiny_model(request.param, seed=5)
+
+
+BEAM_CASES = {
+    "neg_length_penalty_nrs": dict(length_penalty=-0.7, num_return_sequences=3),
+    "rep_ngram_badwords": dict(repetition_penalty=1.3, no_repeat_ngram_size=2,
+                               bad_words_ids=[[7], [11, 12]]),
+    "min_new_eos_list": dict(min_new_tokens=3, eos_token_id=[2, 5, 9]),
+    "early_true": dict(early_stopping=True, length_penalty=0.5),
+    "never_lp2": dict(early_stopping="never", length_penalty=2.0),
+}
+
+
+def _assert_same_output(out, ref):
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-4, rtol=1e-5)
+    assert torch.equal(out.beam_indices, ref.beam_indices)
+    assert len(out.scores) == len(ref.scores) and len(out.logits) == len(ref.logits)
+    for a, b in zip(out.scores + out.logits, ref.scores + ref.logits):
+        assert torch.equal(torch.isinf(a), torch.isinf(b))
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(BEAM_CASES))
+def test_beam_search_matches_hf(arch_model, case):
+    ids, mask = _prompts([9, 5, 2], _seed())
+    kw = dict(BEAM_CASES[case], num_beams=3, max_new_tokens=6, do_sample=False,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    ref = arch_model.generate(ids, attention_mask=mask, **kw)
+    out = generate(arch_model, ids, attention_mask=mask, **kw)
+    _assert_same_output(out, ref)
+    plain = generate(arch_model, ids, attention_mask=mask, **dict(
+        kw, return_dict_in_generate=False))
+    assert torch.equal(plain, ref.sequences)
+
+
+def test_eos_met_early_finishes_like_hf():
+    """eos ids taken from the beams themselves, so hypotheses finish mid-way (shorter rows padded
+    with transformers' fill value)."""
+    model = tiny_model("llama", seed=9)
+    ids, mask = _prompts([4, 7], _seed())
+    L = ids.shape[1]
+    free = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=10,
+                          do_sample=False, eos_token_id=V + 5)
+    eos = [int(free[0, L + 2]), int(free[1, L + 4])]
+    for es in (True, False):
+        kw = dict(num_beams=4, max_new_tokens=10, do_sample=False, eos_token_id=eos,
+                  num_return_sequences=4, early_stopping=es, return_dict_in_generate=True,
+                  output_scores=True)
+        ref = model.generate(ids, attention_mask=mask, **kw)
+        out = generate(model, ids, attention_mask=mask, **kw)
+        assert torch.equal(out.sequences, ref.sequences)
+        torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-4,
+                                   rtol=1e-5)
+        assert torch.equal(out.beam_indices, ref.beam_indices)
+
+
+def test_user_processor_runs_in_order_like_hf():
+    model = tiny_model("qwen2", seed=2)
+    ids, mask = _prompts([6, 3], _seed())
+    kw = dict(num_beams=3, max_new_tokens=6, do_sample=False, repetition_penalty=1.2,
+              return_dict_in_generate=True, output_scores=True)
+    procs = lambda: lp.LogitsProcessorList([_BanMultiplesOf(3)])  # noqa: E731
+    ref = model.generate(ids, attention_mask=mask, logits_processor=procs(), **kw)
+    out = generate(model, ids, attention_mask=mask, logits_processor=procs(), **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-4, rtol=1e-5)
+    assert not bool((out.sequences[:, ids.shape[1]:] % 3 == 0).any())
+
+
+def test_kernel_in_the_loop_matches_hf(monkeypatch):
+    """The Triton step (interpreter on CPU) inside generate: same tokens as transformers."""
+    if "triton" not in BACKENDS:
+        pytest.skip("needs triton")
+    monkeypatch.setattr(gpu_sampler.sampler, "_pick_backend", lambda backend, logits: "triton")
+    model = tiny_model("llama", seed=3, vocab_size=96)
+    ids, mask = _prompts([5, 3], _seed(), vocab=96)
+    kw = dict(num_beams=2, max_new_tokens=4, do_sample=False, repetition_penalty=1.4,
+              no_repeat_ngram_size=2, return_dict_in_generate=True, output_scores=True)
+    _assert_same_output_no_scores(generate(model, ids, attention_mask=mask, **kw),
+                                  model.generate(ids, attention_mask=mask, **kw))
+
+
+def _assert_same_output_no_scores(out, ref):
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-4, rtol=1e-5)
+    assert torch.equal(out.beam_indices, ref.beam_indices)
+
+
+def test_num_beams_1_is_greedy_like_hf():
+    model = tiny_model("gpt2", seed=4)
+    ids, mask = _prompts([5, 2], _seed())
+    kw = dict(num_beams=1, max_new_tokens=6, do_sample=False, length_penalty=-1.0)
+    assert torch.equal(generate(model, ids, attention_mask=mask, **kw),
+                       model.generate(ids, attention_mask=mask, **kw))
+
+
+# ---- beam sampling ------------------------------------------------------------------------------
+
+def _pooled_chi2(a, b):
+    """Two-sample chi-square on token counts, pooling cells with few expected counts."""
+    tot = a + b
+    big = tot >= 10
+    rows = np.stack([np.append(a[big], a[~big].sum()), np.append(b[big], b[~big].sum())])
+    rows = rows[:, rows.sum(0) > 0]
+    assert rows.shape[1] > 3, "too few distinct tokens for a meaningful test"
+    return stats.chi2_contingency(rows)[1]
+
+
+@pytest.mark.parametrize("config", [
+    dict(top_k=12),                               # warpers on log-probs run in torch
+    dict(top_k=None, temperature=0.04),           # fused temperature + Gumbel keys
+])
+def test_beam_sampling_first_step_matches_hf_in_distribution(config):
+    model = tiny_model("llama", seed=8)
+    ids, _ = _prompts([6], _seed())
+    n = 1500
+    batch = ids.repeat(n, 1)
+    kw = dict(config, do_sample=True, num_beams=2, num_return_sequences=2, max_new_tokens=1,
+              return_dict_in_generate=True, output_scores=True)
+    torch.manual_seed(0)
+    ref = model.generate(batch, **kw)
+    torch.manual_seed(0)
+    out = generate(model, batch, **kw)
+    # The processed step-0 log-probs are transformers' (same support).
+    torch.testing.assert_close(out.scores[0], ref.scores[0], atol=1e-5, rtol=0)
+    support = torch.isfinite(ref.scores[0][0])
+    for r in range(2):  # best and second-best returned beam
+        a = torch.bincount(out.sequences[r::2, -1], minlength=V)
+        b = torch.bincount(ref.sequences[r::2, -1], minlength=V)
+        assert int(a[~support].sum()) == 0
+        p = _pooled_chi2(a.numpy(), b.numpy())
+        assert p > 1e-4, (r, p)
+    # sequences_scores are the drawn tokens' accumulated log-probs (length penalty 1).
+    step = out.scores[0].view(n, 2, V)[:, 0]
+    expect = step.gather(1, out.sequences[:, -1].view(n, 2)).flatten()
+    torch.testing.assert_close(out.sequences_scores, expect, atol=1e-5, rtol=0)
+
+
+def test_beam_sampling_seed_reproducible():
+    model = tiny_model("gpt2", seed=3)
+    ids, mask = _prompts([5, 3], _seed())
+    kw = dict(do_sample=True, num_beams=3, max_new_tokens=5, seed=4)
+    a = generate(model, ids, attention_mask=mask, **kw)
+    assert torch.equal(a, generate(model, ids, attention_mask=mask, **kw))
+
+
+# ---- cache, streamer, errors --------------------------------------------------------------------
+
+def test_static_cache_reorders_in_place_in_hf_generate():
+    model = tiny_model("llama", seed=11)
+    ids, mask = _prompts([6, 4], _seed())
+    kw = dict(num_beams=3, max_new_tokens=6, do_sample=False)
+    ref = model.generate(ids, attention_mask=mask, **kw)
+    cache = StaticKVCache(model.config, max_batch_size=6, max_cache_len=ids.shape[1] + 6)
+    out = model.generate(ids, attention_mask=mask, past_key_values=cache, **kw)
+    assert torch.equal(out, ref)
+    layer = cache.layers[0]
+    ptr = layer.keys.data_ptr()
+    before = layer.keys[:6, :, :layer.cumulative_length].clone()
+    perm = torch.tensor([2, 2, 0, 5, 4, 1])
+    cache.reorder_cache(perm)
+    assert layer.keys.data_ptr() == ptr
+    assert torch.equal(layer.keys[:6, :, :layer.cumulative_length], before[perm])
+
+
+def test_generate_beam_cache_written_in_place(monkeypatch):
+    model = tiny_model("llama", seed=16)
+    seen = []
+    real_update = StaticKVCache.update
+
+    def update(self, k, v, layer_idx, *a, **kw):
+        K, Vv = real_update(self, k, v, layer_idx, *a, **kw)
+        if layer_idx == 0:
+            seen.append((K.data_ptr(), K.shape))
+        return K, Vv
+
+    monkeypatch.setattr(StaticKVCache, "update", update)
+    ids, mask = _prompts([5, 2], _seed())
+    res = generate(model, ids, attention_mask=mask, num_beams=4, max_new_tokens=6,
+                   do_sample=False, return_dict_in_generate=True)
+    assert len(seen) == 6 and len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
+    assert isinstance(res.past_key_values, StaticKVCache)
+
+
+def test_streamer_refused_for_beam_search_like_hf():
+    model = tiny_model("llama")
+    ids = torch.randint(3, V, (1, 5))
+    msgs = []
+    for fn in (model.generate, lambda *a, **k: generate(model, *a, **k)):
+        with pytest.raises(ValueError, match="streamer") as e:
+            fn(ids, num_beams=2, max_new_tokens=3, streamer=_Recorder())
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
+    # Beam sampling: transformers accepts the streamer and only puts the expanded prompt.
+    rec_hf, rec = _Recorder(), _Recorder()
+    model.generate(ids, num_beams=2, do_sample=True, max_new_tokens=3, streamer=rec_hf)
+    generate(model, ids, num_beams=2, do_sample=True, max_new_tokens=3, streamer=rec)
+    assert len(rec.calls) == len(rec_hf.calls) == 1 and torch.equal(rec.calls[0], rec_hf.calls[0])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_beams=2, num_return_sequences=3), "num_return_sequences"),
+    (dict(num_beams=2, early_stopping="sometimes"), "early_stopping"),
+    (dict(num_beams=2, low_memory=True), "low_memory"),
+])
+def test_bad_beam_arguments_raise_like_hf(kwargs, match):
+    model = tiny_model("llama")
+    ids = torch.randint(3, V, (1, 5))
+    with pytest.raises(ValueError, match=match) as ref:
+        model.generate(ids, max_new_tokens=3, **kwargs)
+    with pytest.raises(ValueError, match=match) as ours:
+        generate(model, ids, max_new_tokens=3, **kwargs)
+    assert str(ours.value) == str(ref.value)
+
+
+def test_beam_topk_bad_arguments():
+    x = torch.randn(2, 10)
+    for kw, match in ((dict(k=0), "k"), (dict(k=11), "k"), (dict(k=2, temperature=0.0),
+                                                             "temperature"),
+                      (dict(k=2, repetition_penalty=-1.0), "repetition_penalty"),
+                      (dict(k=2, candidates=torch.randn(2, 9)), "candidates")):
+        with pytest.raises(ValueError, match=match):
+            beam_topk(x, **kw)
+    with pytest.raises(ValueError, match="logits"):
+        beam_topk(x.double(), 2)
+
+
+@pytest.mark.slow
+def test_beam_kernel_compiles_for_sm90():
+    """The real Triton pipeline (not the interpreter) accepts the kernel, every flag on."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from gpu_sampler.kernels.beam import compile_beam_step as c; "
+            "print(len(c().asm['cubin']), len(c(HAS_REP=False, HAS_CAND=False).asm['cubin']))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(int(n) > 0 for n in r.stdout.split())
