@@ -34,6 +34,19 @@ NF = tl.constexpr(5)
 NI = tl.constexpr(5)
 
 
+@triton.jit
+def _block_combine(v1, i1, m1, l1, v2, i2, m2, l2):
+    """(max with its first index, max, min): each order-free, so one tree gives the same bits."""
+    left = (v1 > v2) | ((v1 == v2) & (i1 < i2))
+    return (tl.where(left, v1, v2), tl.where(left, i1, i2), tl.maximum(m1, m2),
+            tl.minimum(l1, l2))
+
+
+@triton.jit
+def _count_max_combine(n1, g1, n2, g2):
+    return n1 + n2, tl.maximum(g1, g2)
+
+
 @triton.jit(do_not_specialize=["TPC"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
@@ -66,12 +79,12 @@ def _stats_kernel(
         x = xp / tdiv
         isnan = xp != xp
         xg = tl.where(isnan, float("-inf"), xp)
-        xpmax, amax = tl.max(xg, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        gidx = t * TILE + amax
         fin = (x > float("-inf")) & (x < float("inf"))
-        m = tl.max(tl.where(fin, x, float("-inf")), axis=0)
+        # max xp / its first index, max and min finite x: one reduction (one barrier, not three)
+        xpmax, amax, m, lo = tl.reduce((xg, tl.arange(0, TILE), tl.where(fin, x, float("-inf")),
+                                        tl.where(fin, x, float("inf"))), 0, _block_combine)
+        gidx = t * TILE + amax
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
-        lo = tl.min(tl.where(fin, x, float("inf")), axis=0)
 
         # windows [m - D_j, m], D_j = D0 * 2^j, the last one everything finite: keep the widest
         # window holding <= KT values (none if more than KT lie within D0 of the max)
@@ -87,12 +100,13 @@ def _stats_kernel(
         tl.store(cv_ptr + cbase + pos, x, mask=keep)
         tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
         # four counts (each <= TILE <= 2048) in one reduction, 11 bits apiece
-        packed = tl.sum(fin.to(tl.int64) + ((x == float("inf")).to(tl.int64) << 11)
-                        + (isnan.to(tl.int64) << 22) + (keep.to(tl.int64) << 33), axis=0)
+        # and g (the largest finite value not stored) in the same reduction
+        packed, g = tl.reduce((fin.to(tl.int64) + ((x == float("inf")).to(tl.int64) << 11)
+                               + (isnan.to(tl.int64) << 22) + (keep.to(tl.int64) << 33),
+                               tl.where(fin & (~keep), x, float("-inf"))), 0, _count_max_combine)
         nkeep = ((packed >> 33) & 2047).to(tl.int32)
         kl = tl.arange(0, KT)
         tl.store(cv_ptr + cbase + kl, tl.full([KT], float("-inf"), tl.float32), mask=kl >= nkeep)
-        g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
 
         tl.store(wfrow + F_M * NT + t, m)
         tl.store(wfrow + F_Z * NT + t, z)
