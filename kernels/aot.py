@@ -27,7 +27,7 @@ PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, P
                FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True)
 # the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
 GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=16, MAX_ROUNDS=64,
-            NWIN=8, D0=0.25, L_BLOCK=32, NB=256, INV_W=16.0, LB_BLOCK=256)
+            NWIN=8, D0=0.25, L_BLOCK=64, NB=256, INV_W=16.0, LB_BLOCK=256)
 
 
 def _kernel(name):
@@ -91,7 +91,7 @@ def ptxas_usage(ptx, arch=90):
 
 VARIANTS = {
     # name: (kernel, flags); the sampling path is history -> stats -> merge
-    "history": ("history", dict(num_warps=4)),
+    "history": ("history", dict(num_warps=8)),
     "stats:rep": ("stats", dict(num_warps=4)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4)),

@@ -24,7 +24,7 @@ from .merge import NS, _merge_kernel, _write_probs_kernel
 from .stats import NF, NI, _stats_kernel
 
 INVALID_TOKEN = -1
-TARGET_PROGRAMS = 4 * 132  # stage-1 programs to aim for: a few waves over an H100/H200
+STATS_SLOTS = 5 * 132  # stage-1 programs resident at once on an H100/H200 (4 warps, <= 96 regs)
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
 
@@ -49,12 +49,19 @@ def _workspace(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _chunks(B, nt):
+    """Stage-1 programs per row: the least work on the busiest slot, ceil(B C / S) waves of
+    ceil(NT / C) blocks plus a program's fixed cost (~1/8 block), then the fewest programs."""
+    return min(range(1, nt + 1),
+               key=lambda c: (triton.cdiv(B * c, STATS_SLOTS) * (8 * triton.cdiv(nt, c) + 1), c))
+
+
 def plan(B, V, *, tile=None, chunks=None, cand=None):
     """Static launch geometry for a (B, V) call: dict(TILE, NT, NT_P2, KT, CB, C, TPC)."""
     tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
     nt = triton.cdiv(V, tile)
     kt = cand if cand is not None else min(tile, max(64, _next_pow2(triton.cdiv(MIN_CAPACITY, nt))))
-    c = chunks if chunks is not None else max(1, triton.cdiv(TARGET_PROGRAMS, max(B, 1)))
+    c = chunks if chunks is not None else _chunks(max(B, 1), nt)
     c = max(1, min(int(c), nt))
     tpc = triton.cdiv(nt, c)
     c = triton.cdiv(nt, tpc)
@@ -114,8 +121,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         bnd = _workspace((B, 2, NT), torch.int32, dev)
         _bucket_history_kernel[(B,)](
             ids, ids.stride(0), L, plen_p, int(plen_s), edits, bnd, NT,
-            PLEN_T=flags[0], TILE=TILE, L_BLOCK=max(16, min(256, 4096 // g["NT_P2"])),
-            NT_P2=g["NT_P2"], num_warps=4)
+            PLEN_T=flags[0], TILE=TILE, L_BLOCK=max(16, min(256, 8192 // g["NT_P2"])),
+            NT_P2=g["NT_P2"], num_warps=8)
         stride_eb = L
     else:
         edits = bnd = dummy

@@ -34,6 +34,19 @@ NF = tl.constexpr(5)
 NI = tl.constexpr(5)
 
 
+@triton.jit
+def _block_combine(v1, i1, m1, l1, v2, i2, m2, l2):
+    """(max with its first index, max, min): each order-free, so one tree gives the same bits."""
+    left = (v1 > v2) | ((v1 == v2) & (i1 < i2))
+    return (tl.where(left, v1, v2), tl.where(left, i1, i2), tl.maximum(m1, m2),
+            tl.minimum(l1, l2))
+
+
+@triton.jit
+def _add2_combine(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
 @triton.jit(do_not_specialize=["TPC"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
@@ -66,41 +79,60 @@ def _stats_kernel(
         x = xp / tdiv
         isnan = xp != xp
         xg = tl.where(isnan, float("-inf"), xp)
-        xpmax, amax = tl.max(xg, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        gidx = t * TILE + amax
         fin = (x > float("-inf")) & (x < float("inf"))
-        m = tl.max(tl.where(fin, x, float("-inf")), axis=0)
+        # max xp / its first index, max and min finite x: one reduction (one barrier, not three)
+        xpmax, amax, m, lo = tl.reduce((xg, tl.arange(0, TILE), tl.where(fin, x, float("-inf")),
+                                        tl.where(fin, x, float("inf"))), 0, _block_combine)
+        gidx = t * TILE + amax
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
-        lo = tl.min(tl.where(fin, x, float("inf")), axis=0)
 
-        # windows [m - D_j, m], D_j = D0 * 2^j, the last one everything finite: keep the widest
-        # window holding <= KT values (none if more than KT lie within D0 of the max)
-        j = tl.arange(0, NWIN)
-        lim = tl.where(j < NWIN - 1, m - D0 * tl.exp2(j.to(tl.float32)), float("-inf"))
-        inwin = (x[:, None] >= lim[None, :]) & fin[:, None]
-        nsel = tl.sum((tl.sum(inwin.to(tl.int32), axis=0) <= KT).to(tl.int32), axis=0)
-        thr = tl.max(tl.where(j == nsel - 1, lim, float("-inf")), axis=0)
-        thr = tl.where(nsel == 0, float("inf"), thr)
+        # windows [m - D_j, m], D_j = D0 * 2^j (j < 7), the last one everything finite: keep the
+        # widest window holding <= KT values (none if more than KT lie within D0 of the max).
+        # k = the first window holding x; its histogram (7 bins) and the nfin / +inf / NaN counts
+        # are packed 11 bits a field into two int64 and summed in one reduction
+        tl.static_assert(NWIN == 8)
+        k = tl.full([TILE], NWIN - 1, tl.int32)
+        for jj in tl.static_range(NWIN - 1):
+            k -= (x >= m - D0 * (1 << jj)).to(tl.int32)
+        lowk = fin & (k < 4)
+        highk = fin & (k >= 4) & (k < NWIN - 1)
+        one = tl.full([TILE], 1, tl.int64)
+        pa = tl.where(lowk, one << (11 * (k & 3)).to(tl.int64), 0) + (isnan.to(tl.int64) << 44)
+        pb = (tl.where(highk, one << (11 * ((k - 4) & 3)).to(tl.int64), 0) + (fin.to(tl.int64) << 33)
+              + ((x == float("inf")).to(tl.int64) << 44))
+        pa, pb = tl.reduce((pa, pb), 0, _add2_combine)
+        nfin = ((pb >> 33) & 2047).to(tl.int32)
+        # N_j = values in window j (cumulative); nsel = windows with N_j <= KT; keep window nsel-1
+        nwin = tl.zeros([], tl.int32)
+        nkeep = tl.zeros([], tl.int32)
+        thr = tl.full([], float("inf"), tl.float32)
+        for jj in tl.static_range(NWIN - 1):
+            if jj < 4:
+                nwin += ((pa >> (11 * jj)) & 2047).to(tl.int32)
+            else:
+                nwin += ((pb >> (11 * (jj - 4))) & 2047).to(tl.int32)
+            ok = nwin <= KT
+            thr = tl.where(ok, m - D0 * (1 << jj), thr)
+            nkeep = tl.where(ok, nwin, nkeep)
+        ok = nfin <= KT
+        thr = tl.where(ok, float("-inf"), thr)
+        nkeep = tl.where(ok, nfin, nkeep)
         keep = fin & (x >= thr)
         pos = tl.cumsum(keep.to(tl.int32), 0) - 1
         cbase = (row * NT + t) * KT
         tl.store(cv_ptr + cbase + pos, x, mask=keep)
         tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
-        # four counts (each <= TILE <= 2048) in one reduction, 11 bits apiece
-        packed = tl.sum(fin.to(tl.int64) + ((x == float("inf")).to(tl.int64) << 11)
-                        + (isnan.to(tl.int64) << 22) + (keep.to(tl.int64) << 33), axis=0)
-        nkeep = ((packed >> 33) & 2047).to(tl.int32)
+        g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
         kl = tl.arange(0, KT)
         tl.store(cv_ptr + cbase + kl, tl.full([KT], float("-inf"), tl.float32), mask=kl >= nkeep)
-        g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
 
         tl.store(wfrow + F_M * NT + t, m)
         tl.store(wfrow + F_Z * NT + t, z)
         tl.store(wfrow + F_LO * NT + t, lo)
         tl.store(wfrow + F_XPMAX * NT + t, xpmax)
         tl.store(wfrow + F_G * NT + t, g)
-        tl.store(wirow + I_NFIN * NT + t, (packed & 2047).to(tl.int32))
-        tl.store(wirow + I_NPOS * NT + t, ((packed >> 11) & 2047).to(tl.int32))
-        tl.store(wirow + I_NNAN * NT + t, ((packed >> 22) & 2047).to(tl.int32))
+        tl.store(wirow + I_NFIN * NT + t, nfin)
+        tl.store(wirow + I_NPOS * NT + t, ((pb >> 44) & 2047).to(tl.int32))
+        tl.store(wirow + I_NNAN * NT + t, ((pa >> 44) & 2047).to(tl.int32))
         tl.store(wirow + I_NCAND * NT + t, nkeep)
         tl.store(wirow + I_GIDX * NT + t, gidx.to(tl.int32))
