@@ -12,6 +12,11 @@ chosen for B rows) and scales the per-row bytes; rows are exchangeable N(0, 3^2)
 
     python bench/traffic.py                         # the kernels of this checkout
     python bench/traffic.py --kernels /tmp/old/kernels --label old   # another copy of kernels/
+    python bench/traffic.py --cd                    # contrastive decoding fused in (amateur)
+
+With ``--cd`` each call also gets amateur logits (0.6 x + N(0, 1): correlated with the expert's,
+as a smaller model of the same family is) and cd_alpha 0.1, cd_beta 0.5, and the table adds the
+passes over the amateur logits.
 """
 import argparse
 import importlib
@@ -93,7 +98,7 @@ def load_kernels(path):
     return importlib.import_module(name)
 
 
-def measure(mod, B, V, L, kw, rows, seed=0):
+def measure(mod, B, V, L, kw, rows, seed=0, cd=False):
     """Counter for one call on `rows` rows with the geometry of B rows."""
     ks = mod.sampling
     gen = torch.Generator().manual_seed(seed)
@@ -101,6 +106,10 @@ def measure(mod, B, V, L, kw, rows, seed=0):
     ids = torch.randint(0, V, (rows, L), generator=gen) if L else None
     c = Counter()
     c.tag(logits, "logits")
+    if cd:
+        amateur = logits * 0.6 + torch.randn(rows, V, generator=gen)
+        c.tag(amateur, "amateur")
+        kw = dict(kw, amateur_logits=amateur, cd_alpha=0.1, cd_beta=0.5)
     if ids is not None:
         c.tag(ids, "history")
     extra = {}
@@ -140,26 +149,29 @@ def main(argv=None):
     ap.add_argument("--label", default="this checkout")
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--cases", default=None, help="e.g. 1,32000;64,128256")
+    ap.add_argument("--cd", action="store_true", help="contrastive decoding: amateur logits too")
     a = ap.parse_args(argv)
     mod = load_kernels(a.kernels)
     cases = CASES if a.cases is None else [tuple(map(int, s.split(","))) for s in a.cases.split(";")]
     base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
             ti.GridExecutor.__call__)
     print(f"# traffic of {a.label}: interpreter runs {a.rows} rows per case, bytes per row")
-    print("| B | V | config | L | passes over logits | history B/row | workspace B/row "
-          "(ld+st) | programs/row | launches |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    am_col = " passes over amateur |" if a.cd else ""
+    print("| B | V | config | L | passes over logits |" + am_col + " history B/row | "
+          "workspace B/row (ld+st) | programs/row | launches |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if a.cd else ""))
     for B, V in cases:
         for name, kw, L in (("rp1.2 T0.7 k50 p0.9", FULL, 128), ("rp1.2 T0.7 k50 p0.9", FULL, 4096),
                             ("T0.7 p0.9", TOP_P, 0)):
             rows = min(B, a.rows)
-            c = measure(mod, B, V, L, kw, rows)
+            c = measure(mod, B, V, L, kw, rows, cd=a.cd)
             (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
              ti.GridExecutor.__call__) = base
             passes = c.total("logits", "load") / (rows * V * 4)
+            am = f" {c.total('amateur', 'load') / (rows * V * 4):.3f} |" if a.cd else ""
             hist = c.total("history") / rows
             ws = c.total("workspace") / rows
-            print(f"| {B} | {V} | {name} | {L} | {passes:.3f} | {hist:,.0f} | {ws:,.0f} | "
+            print(f"| {B} | {V} | {name} | {L} | {passes:.3f} |{am} {hist:,.0f} | {ws:,.0f} | "
                   f"{programs_per_row(c, rows)} | {len(c.launches)} |", flush=True)
 
 

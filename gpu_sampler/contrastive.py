@@ -21,8 +21,11 @@ temperature (0 = the paper's greedy search), top-k, top-p, min-p and the draw. E
 - A per-row cd_alpha outside [0, 1] or NaN, or a per-row cd_beta that is negative, NaN or inf,
   makes the row invalid (check=False) or raises ValueError (check=True).
 
-``contrastive_scores_reference`` is the torch twin of ``kernels.contrastive_scores`` (Triton);
-``contrastive_scores`` validates and dispatches between them. ``generate(..., amateur_model=...)``
+``sample(logits, amateur_logits=...)`` computes these scores inside the sampler's own launches
+on the Triton backend (kernels/stats.py, kernels/merge.py: one extra read of the amateur row, no
+[B, V] scores in memory) and from ``contrastive_scores_reference`` on the torch backend, with the
+same float32 arithmetic, so both backends give the same tokens. ``contrastive_scores`` returns
+the scores themselves (Triton kernel ``kernels.contrastive_scores`` or the torch twin). ``generate(..., amateur_model=...)``
 runs the amateur on its own StaticKVCache next to the model and feeds these scores to the loop
 (``generation._contrastive_logits``).
 """
@@ -166,16 +169,40 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=CD_ALPHA, cd_beta=CD_
     return scores
 
 
-def contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend):
-    """What ``sample()`` / ``sampling_distribution()`` sample from: the logits themselves, or
-    their contrastive scores when ``amateur_logits`` is given."""
+def contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check):
+    """``sample()``'s contrastive arguments, validated: None without ``amateur_logits``, else
+    ``(amateur_logits, cd_alpha, cd_beta)`` with the parameters as float32-exact floats or
+    float32 (B,) tensors."""
     if amateur_logits is None:
         for name, v, default in (("cd_alpha", cd_alpha, CD_ALPHA), ("cd_beta", cd_beta, CD_BETA)):
             if _given(v, default):
                 raise ValueError(f"{name}={v!r} needs amateur_logits (contrastive decoding)")
-        return logits
-    return contrastive_scores(logits, amateur_logits, cd_alpha=cd_alpha, cd_beta=cd_beta,
-                              check=check, backend=backend)
+        return None
+    _check_amateur(logits, amateur_logits)
+    B = logits.shape[0]
+    return (amateur_logits, check_cd_param("cd_alpha", cd_alpha, B, logits.device, check),
+            check_cd_param("cd_beta", cd_beta, B, logits.device, check))
+
+
+def scores_reference(logits, cd, check):
+    """The torch backend's input to the sampler: the scores of ``contrastive_scores_reference``
+    (raising for NaN rows with check=True)."""
+    scores = contrastive_scores_reference(logits, *cd)
+    if check and bool(scores.isnan().any()):
+        _raise_nan_row(logits, cd[0], scores)
+    return scores
+
+
+def raise_invalid_row(logits, cd, bad, what):
+    """The fused (Triton) path found invalid rows: raise what the torch path raises for them.
+
+    Only runs on the error path, so recomputing the scores here costs nothing that matters.
+    """
+    from .sampler import _raise_invalid
+    scores = contrastive_scores_reference(logits, *cd)
+    if bool(scores.isnan().any()):
+        _raise_nan_row(logits, cd[0], scores)
+    _raise_invalid(scores, bad, what)
 
 
 # ---- generate(..., amateur_model=...) ------------------------------------------------------------

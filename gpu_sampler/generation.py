@@ -435,6 +435,10 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     rd = bool(gc.return_dict_in_generate)
     run.want_scores = rd and bool(gc.output_scores)
     run.want_logits = rd and bool(gc.output_logits)
+    # Contrastive scores go straight into sample()'s launches (amateur_logits) unless a
+    # torch-side processor or a returned tensor needs them materialised.
+    run.fuse_cd = run.contrastive is not None and not (
+        len(run.torch_procs) or run.want_scores or run.want_logits)
     run.want_attn = rd and bool(gc.output_attentions)
     run.want_hidden = rd and bool(gc.output_hidden_states)
     params = inspect.signature(model.forward).parameters
@@ -687,7 +691,8 @@ def _decode(model, run, st, streamer):
         if run.seed is not None:
             # A row's draw depends only on (its seed, its position): batch-independent.
             sample_kw["offset"] = st.next_pos
-        tok = sample(scores, input_ids=st.hist, prompt_lens=L0, check=False, **sample_kw)
+        tok = sample(scores, input_ids=st.hist, prompt_lens=L0, check=False, **sample_kw,
+                     **_cd_sample_kw(run, st))
         invalid |= unfinished & (tok < 0)
         # An invalid row (-1) must not reach the embedding before the next check raises.
         tok = tok.clamp_min(0)
@@ -739,7 +744,9 @@ def _decode(model, run, st, streamer):
 
 def _contrastive_logits(run, st, kw, logits):
     """With an amateur model: the contrastive scores of `logits` against the amateur's logits
-    for the same inputs (issue 10); the processors, warpers and draw then act on them."""
+    for the same inputs (issue 10); the processors, warpers and draw then act on them. With
+    ``run.fuse_cd`` the expert logits come back unchanged and the amateur's are kept for
+    sample(), which computes the same scores inside its own launches."""
     if run.contrastive is None:
         return logits
     amateur, alpha, beta = run.contrastive
@@ -757,7 +764,18 @@ def _contrastive_logits(run, st, kw, logits):
                 else st.kv + q
             akw["attention_mask"] = st.mask[:, :n]
     amateur_logits = amateur(**akw).logits[:, -1, :]
+    if run.fuse_cd:
+        st.amateur_logits = amateur_logits.to(torch.float32, copy=True)
+        return logits
     return contrastive_scores(logits, amateur_logits, cd_alpha=alpha, cd_beta=beta, check=False)
+
+
+def _cd_sample_kw(run, st):
+    """sample()'s contrastive arguments when the scores are fused into its launches."""
+    if not run.fuse_cd:
+        return {}
+    _, alpha, beta = run.contrastive
+    return dict(amateur_logits=st.amateur_logits, cd_alpha=alpha, cd_beta=beta)
 
 
 def _record(run, st, all_attn, all_hidden, attn, hidden):

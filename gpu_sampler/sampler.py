@@ -246,6 +246,21 @@ def _raise_invalid(logits, bad_rows, what):
                      "penalties, or an invalid per-row parameter)")
 
 
+def _raise_bad(logits, cd, bad_rows, what):
+    """Raise for the first invalid row; with contrastive decoding the message is about its
+    scores, the same on both backends."""
+    if cd is None:
+        _raise_invalid(logits, bad_rows, what)
+    from . import contrastive
+    contrastive.raise_invalid_row(logits, cd, bad_rows, what)
+
+
+def _cd_kwargs(cd):
+    if cd is None:
+        return {}
+    return dict(amateur_logits=cd[0], cd_alpha=cd[1], cd_beta=cd[2])
+
+
 @torch.no_grad()  # sampling has no gradient; skipping autograd bookkeeping is ~20% at B=1
 def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
            presence_penalty=0.0, frequency_penalty=0.0, input_ids=None, prompt_lens=None,
@@ -282,7 +297,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
             with amateur_logits [B, V] (same shape and device) the row samples from the scores
             (1 + cd_beta) * logits - cd_beta * amateur_logits on the tokens with
             p >= cd_alpha * max p (others -inf); everything above then applies to the scores.
-            cd_alpha in [0, 1], cd_beta >= 0: numbers or float tensors [B].
+            cd_alpha in [0, 1], cd_beta >= 0: numbers or float tensors [B]. The Triton backend
+            computes the scores inside its own launches (one extra read of amateur_logits).
 
     Returns:
         LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs.
@@ -300,10 +316,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, seed, offset = _normalise(
         logits, params, input_ids, prompt_lens, generator, seed, offset, check, backend)
-    # ---- contrastive decoding (issue 10): sample the scores; see gpu_sampler/contrastive.py --
-    from .contrastive import contrastive_input
-    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
-    # ---- end contrastive decoding --------------------------------------------------------------
+    from . import contrastive  # imports this module
+    cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
     B = logits.shape[0]
     if seed is None:
         seed = _draw_seeds(B, logits.device, generator, _needs_random(params["temperature"]))
@@ -315,15 +329,16 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     elif which == "triton":
         from . import kernels
         tok, logp = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
-                                         seed=seed, offset=offset, **params)
+                                         seed=seed, offset=offset, **_cd_kwargs(cd), **params)
     else:
-        tok, logp = reference.sample_reference(logits, input_ids=input_ids,
+        rows = logits if cd is None else contrastive.scores_reference(logits, cd, check)
+        tok, logp = reference.sample_reference(rows, input_ids=input_ids,
                                                prompt_lens=prompt_lens, seed=seed,
                                                offset=offset, **params)
     if check and B > 0:
         bad = tok < 0
         if bool(bad.any()):
-            _raise_invalid(logits, bad, "sample")
+            _raise_bad(logits, cd, bad, "sample")
     return (tok, logp) if return_logprobs else tok
 
 
@@ -349,21 +364,20 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
                   frequency_penalty=frequency_penalty)
     params, input_ids, prompt_lens, _, _ = _normalise(
         logits, params, input_ids, prompt_lens, None, None, None, check, backend)
-    # ---- contrastive decoding (issue 10): see gpu_sampler/contrastive.py ----------------------
-    from .contrastive import contrastive_input
-    logits = contrastive_input(logits, amateur_logits, cd_alpha, cd_beta, check, backend)
-    # ---- end contrastive decoding --------------------------------------------------------------
+    from . import contrastive  # imports this module
+    cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
     if logits.shape[0] == 0:
         return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if _pick_backend(backend, logits) == "triton":
         from . import kernels
         probs = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
-                                     write_probs=True, **params)
+                                     write_probs=True, **_cd_kwargs(cd), **params)
     else:
+        rows = logits if cd is None else contrastive.scores_reference(logits, cd, check)
         probs = reference.sampling_distribution_reference(
-            logits, input_ids=input_ids, prompt_lens=prompt_lens, **params)
+            rows, input_ids=input_ids, prompt_lens=prompt_lens, **params)
     if check:
         bad = ~(probs.sum(1) > 0)
         if bool(bad.any()):
-            _raise_invalid(logits, bad, "sample from")
+            _raise_bad(logits, cd, bad, "sample from")
     return probs

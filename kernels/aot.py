@@ -20,11 +20,12 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32", "edits_ptr": "*i32",
        "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cv_ptr": "*fp32",
        "ci_ptr": "*i32", "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
-       "is_ptr": "*i32"}
+       "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
+       "wc_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
-F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s"}
+F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
-               FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True)
+               FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True, LA_T=True, BETA_T=True)
 # the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
 GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=16, MAX_ROUNDS=64,
             NWIN=8, D0=0.25, L_BLOCK=64, NB=256, INV_W=16.0, LB_BLOCK=256)
@@ -48,8 +49,11 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", *
     fn = _kernel(kernel)
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
-                  WRITE_PROBS=False, **GEOM)
+                  WRITE_PROBS=False, CD=False, **GEOM)
     consts.update(flags)
+    options = {"num_warps": num_warps}
+    if consts["CD"]:  # as the launcher does: the twin rounds (1 + beta) e and beta a apart
+        options["enable_fp_fusion"] = False
     sig, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in PTR:
@@ -64,7 +68,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", *
         else:
             sig[name] = "i32"
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def ptxas_usage(ptx, arch=90):
@@ -101,6 +105,10 @@ VARIANTS = {
                                        logits_dtype="bf16")),
     "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True)),
     "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
+    # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
+    "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4)),
+    "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True)),
+    "write_probs:cd": ("write_probs", dict(CD=True, HAS_MINP=True, num_warps=4)),
 }
 
 

@@ -90,19 +90,51 @@ def _gumbel(k0, k1, offs):
 
 
 @triton.jit
+def _head(e, me, la):
+    """The contrastive plausibility head given the expert max me: p_e >= cd_alpha * max p_e,
+    written as e > -inf and (e == me or e - me >= log cd_alpha), the twin's exact fp32 rule.
+    fl(e - me) is monotone in me, so a smaller me (a block's own max) keeps a superset."""
+    return (e > float("-inf")) & ((e == me) | ((e - me) >= la))
+
+
+@triton.jit
+def _cd_scores(e, a, la, beta, me):
+    """(1 + beta) e - beta a on the head (e when beta == 0), -inf elsewhere, NaN where e or a
+    is NaN: gpu_sampler/contrastive.py's contrastive_scores_reference, element for element."""
+    s = tl.where(beta == 0.0, e, (1.0 + beta) * e - beta * a)
+    s = tl.where(_head(e, me, la), s, float("-inf"))
+    return tl.where((e != e) | (a != a), float("nan"), s)
+
+
+@triton.jit
 def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
                     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-                    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr):
-    """Statistics block t of the row: (token ids, in-bounds mask, penalised xp).
+                    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+                    arow_ptr, la, beta, me, CD: tl.constexpr, LOCAL: tl.constexpr):
+    """Statistics block t of the row: (token ids, in-bounds mask, penalised xp, expert block
+    max, min expert logit on the block's head).
 
     The history edits of block t are the slice [start_t, end_t) of the row's bucketed edit list
     (kernels/history.py: one int32 per history position, ``id * 2 + counts_for_presence``), so a
     block reads only its own history entries; tl.histogram turns them into per-slot counts.
+
+    With CD the row is the contrastive score of the expert logits (lrow) and the amateur's
+    (arow, one extra read), cut to the head of ``me`` (the row's expert max), or with LOCAL of
+    the block's own expert max (a superset of the row's head: the merge corrects it).
     """
     start = tl.cast(t, tl.int64) * TILE
     offs = start + tl.arange(0, TILE).to(tl.int64)
     inb = offs < V
     xp = tl.load(lrow_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    emax = tl.zeros([], tl.float32)
+    elo = tl.zeros([], tl.float32)
+    if CD:
+        a = tl.load(arow_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        if LOCAL:
+            me = tl.max(tl.where(xp != xp, float("-inf"), xp), axis=0)
+        emax = me
+        elo = tl.min(tl.where(_head(xp, me, la), xp, float("inf")), axis=0)
+        xp = _cd_scores(xp, a, la, beta, me)
     if HAS_REP or HAS_PF:
         e0 = tl.load(brow_ptr + t)
         e1 = tl.load(brow_ptr + NT + t)
@@ -121,7 +153,7 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
             xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
         if HAS_PF:
             xp = xp - (tl.where(cnt > 0, pres, 0.0) + freq * cnt.to(tl.float32))
-    return offs, inb, xp
+    return offs, inb, xp, emax, elo
 
 
 @triton.jit

@@ -1,7 +1,9 @@
 """Contrastive-decoding scores: expert logits, amateur logits -> float32 [B, V] scores.
 
-A separate small launch that feeds ``fused_sample``; the torch twin (the rules, edge values
-included) is ``gpu_sampler.contrastive.contrastive_scores_reference``.
+The scores on their own, for ``gpu_sampler.contrastive.contrastive_scores``: ``sample()`` does
+not use this launch, it computes the same scores inside its own launches (``fused_sample(...,
+amateur_logits=...)``, kernels/stats.py and kernels/merge.py). The torch twin (the rules, edge
+values included) is ``gpu_sampler.contrastive.contrastive_scores_reference``.
 """
 import os
 

@@ -18,23 +18,30 @@ search and the draw over the row itself: passes = 1 per top-k / top-p search rou
 import triton
 import triton.language as tl
 
-from .common import (_bad_row, _gumbel, _param, _penalised_tile, _pivot_init, _pivot_partials,
-                     _pivot_update, _pivots, _row_key, _tempered)
-from .stats import F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NFIN, I_NNAN, I_NPOS, NF, NI
+from .common import (_bad_row, _gumbel, _head, _param, _penalised_tile, _pivot_init,
+                     _pivot_partials, _pivot_update, _pivots, _row_key, _tempered)
+from .stats import (F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NFIN, I_NNAN, I_NPOS, NF, NI,
+                    _block_stats)
 
-# per-row state the merge leaves for the distribution writer (float32 [B, 4], int32 [B, 2])
-S_M, S_TAU, S_ZF, S_XPMAX = (tl.constexpr(i) for i in range(4))
-NS = tl.constexpr(4)
+# per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
+S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
+NS = tl.constexpr(5)
 
 
 @triton.jit
-def _slot_block(cv_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr):
+def _slot_block(cv_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow, CD: tl.constexpr):
     """CB per-block candidate slots from flat slot b0: (slot offsets, candidate mask, x).
-    Stage 1 writes every slot (-inf past a block's candidates)."""
+    Stage 1 writes every slot (-inf past a block's candidates). With CD, the slots of a block
+    the merge emptied (its m_t set to -inf: no token of the row's head) are not candidates."""
     idx = b0 + tl.arange(0, CB).to(tl.int64)
     slot = row * NT * KT + idx
     x = tl.load(cv_ptr + slot, mask=idx < NT * KT, other=float("-inf"))
-    return slot, x > float("-inf"), x
+    ok = x > float("-inf")
+    if CD:
+        mb = tl.load(wfrow + F_M * NT + idx // KT, mask=ok, other=float("-inf"))
+        ok = ok & (mb > float("-inf"))
+        x = tl.where(ok, x, float("-inf"))
+    return slot, ok, x
 
 
 @triton.jit
@@ -85,17 +92,19 @@ def _cand_search(xs_ptr, base, n, M, lo, pv, lo_mass, target,
 
 @triton.jit
 def _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_mass, target,
+                arow, la, beta, me,
                 USE_COUNT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                 NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
-                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr):
+                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
     """The same search over the whole row (fallback): one pass over the logits per round."""
     rounds = tl.zeros([], tl.int32)
     while (lo < pv) & (rounds < MAX_ROUNDS):
         piv = _pivots(lo, pv, NPIV)
         cnt, mass, nxt, prv = _pivot_init(NPIV)
         for t in range(0, NT):
-            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                  arow, la, beta, me, CD, False)
             x = xp / tdiv
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
                                                   USE_COUNT)
@@ -114,6 +123,7 @@ def _merge_kernel(
     seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cv_ptr, ci_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -122,12 +132,21 @@ def _merge_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
+    D0: tl.constexpr,
 ):
     """Reads 10 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
-    WRITE_PROBS, the row state that _write_probs_kernel reads)."""
+    WRITE_PROBS, the row state that _write_probs_kernel reads).
+
+    With CD (contrastive decoding), first: the row's expert max Me = max of the blocks' maxima;
+    blocks whose max is outside Me's head are emptied (their tokens are all -inf), and blocks
+    whose local head (cut at their own max, a superset) holds a token outside Me's head are
+    re-read with Me (both rows of that block, same program: 8 KB per fp32 block; blocks near
+    the top of the expert row only). Then everything below runs unchanged on exact partials."""
     row = tl.program_id(0).to(tl.int64)
     lrow = logits_ptr + row * stride_lb
+    arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
     wfrow = wf_ptr + row * NF * NT
@@ -143,11 +162,41 @@ def _merge_kernel(
     greedy = T == 0.0
     bad = _bad_row(T, rep, pres, freq) | (k < 0)
     bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~((minp >= 0.0) & (minp <= 1.0)))
+    la = _param(la_ptr, la_s, row, LA_T)
+    beta = _param(beta_ptr, beta_s, row, BETA_T)
+    if CD:
+        bad = bad | (la != la) | (~((beta >= 0.0) & (beta < float("inf"))))
     tdiv = tl.where(greedy | bad, 1.0, T)
-
-    # ---- merge the block partials, in block order ---------------------------------------------
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
+
+    # ---- contrastive decoding: make the block partials those of the row's head -----------------
+    Me = tl.zeros([], tl.float32)
+    if CD:
+        wcrow = wc_ptr + row * 2 * NT
+        me_t = tl.load(wcrow + tt, mask=tin, other=float("-inf"))
+        elo_t = tl.load(wcrow + NT + tt, mask=tin, other=float("inf"))
+        Me = tl.max(me_t, axis=0)
+        dropped = tin & (~_head(me_t, Me, la))
+        dirty = tin & (~dropped) & (~(_head(elo_t, Me, la) | (elo_t == float("inf"))))
+        ninf = tl.full([NT_P2], float("-inf"), tl.float32)
+        zero = tl.zeros([NT_P2], tl.int32)
+        tl.store(wfrow + F_M * NT + tt, ninf, mask=dropped)
+        tl.store(wfrow + F_Z * NT + tt, tl.zeros([NT_P2], tl.float32), mask=dropped)
+        tl.store(wfrow + F_LO * NT + tt, -ninf, mask=dropped)
+        tl.store(wfrow + F_XPMAX * NT + tt, ninf, mask=dropped)
+        tl.store(wfrow + F_G * NT + tt, ninf, mask=dropped)
+        tl.store(wirow + I_NFIN * NT + tt, zero, mask=dropped)
+        tl.store(wirow + I_NPOS * NT + tt, zero, mask=dropped)
+        t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
+        while t < NT:
+            _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
+                         rep, pres, freq, tdiv, la, beta, Me, TILE, E_BLOCK, KT, NWIN, D0,
+                         HAS_REP, HAS_PF, True, False)
+            t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
+        tl.debug_barrier()  # the block partials above are read back by other threads below
+
+    # ---- merge the block partials, in block order ---------------------------------------------
     m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
     z_t = tl.load(wfrow + F_Z * NT + tt, mask=tin, other=0.0)
     M = tl.max(m_t, axis=0)
@@ -192,7 +241,7 @@ def _merge_kernel(
         use_lbk = k_act & (k <= NT)
         if (k_act | p_act) & (~use_lbk):
             for b0 in range(0, NT * KT, CB):
-                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB)
+                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
                 d = tl.minimum((M - x) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
@@ -200,7 +249,7 @@ def _merge_kernel(
         vmin = tl.full([CB], float("inf"), tl.float32)
         vmass = tl.zeros([CB], tl.float32)
         for b0 in range(0, NT * KT, CB):
-            slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB)
+            slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
             sel = ok & (x >= LB)
             pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
             tl.store(xs_ptr + base + pos, x, mask=sel)
@@ -255,15 +304,16 @@ def _merge_kernel(
         zk = Z
         if k_act & (~ovf):
             tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lmin, M, Z,
-                                  k.to(tl.float32), True, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
-                                  HAS_REP, HAS_PF)
+                                  k.to(tl.float32), arow, la, beta, Me, True, TILE, E_BLOCK,
+                                  NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, CD)
         if p_act & (~ovf):
             tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, tau, M, zk,
-                                  p * zk, False, TILE, E_BLOCK, NPIV, MAX_ROUNDS,
-                                  HAS_REP, HAS_PF)
+                                  p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
+                                  MAX_ROUNDS, HAS_REP, HAS_PF, CD)
         for t in range(0, NT):
-            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                  arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
             keep = inb & (x >= tau) & (e >= minp)
@@ -283,6 +333,7 @@ def _merge_kernel(
         tl.store(sf_ptr + row * NS + S_TAU, tau)
         tl.store(sf_ptr + row * NS + S_ZF, z_f)
         tl.store(sf_ptr + row * NS + S_XPMAX, xpmax)
+        tl.store(sf_ptr + row * NS + S_ME, Me)
         flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * ovf.to(tl.int32)
         tl.store(si_ptr + row * 2, flags)
         tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
@@ -301,9 +352,11 @@ def _write_probs_kernel(
     edits_ptr, stride_eb, bnd_ptr,
     temp_ptr, temp_s, minp_ptr, minp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     sf_ptr, si_ptr, probs_ptr, stride_pb,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
     TEMP_T: tl.constexpr, MINP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr,
     FREQ_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
-    TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr,
+    CD: tl.constexpr,
 ):
     """The distribution: probs_i = [kept_i] e^(x_i - M) / Z_f; one-hot for greedy rows, zeros
     for invalid ones. Grid (B, C) like the statistics kernel; a second read of the logits."""
@@ -313,6 +366,10 @@ def _write_probs_kernel(
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
     prow = probs_ptr + row * stride_pb
+    arow = am_ptr + row * stride_ab
+    la = _param(la_ptr, la_s, row, LA_T)
+    beta = _param(beta_ptr, beta_s, row, BETA_T)
+    Me = tl.load(sf_ptr + row * NS + S_ME)
     T = _param(temp_ptr, temp_s, row, TEMP_T)
     rep = _param(rep_ptr, rep_s, row, REP_T)
     pres = _param(pres_ptr, pres_s, row, PRES_T)
@@ -335,8 +392,9 @@ def _write_probs_kernel(
         offs = tl.cast(t, tl.int64) * TILE + tl.arange(0, TILE).to(tl.int64)
         inb = offs < V
         if sampling:
-            offs, inb, xp = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                            TILE, E_BLOCK, HAS_REP, HAS_PF)
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                  arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
             keep = (x >= tau) & (e >= minp)

@@ -44,6 +44,16 @@ def _split(value, dummy):
     return dummy, value, False
 
 
+def _log_alpha(cd_alpha):
+    """log(cd_alpha) as float32, NaN where cd_alpha is outside [0, 1] (an invalid row)."""
+    if isinstance(cd_alpha, torch.Tensor):
+        ok = (cd_alpha >= 0) & (cd_alpha <= 1)
+        return torch.where(ok, torch.log(cd_alpha), float("nan")).contiguous()
+    if not 0.0 <= cd_alpha <= 1.0:
+        return float("nan")
+    return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()
+
+
 def _workspace(shape, dtype, device):
     """Scratch allocation (never returned); tests swap it for poisoned buffers."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -72,6 +82,7 @@ def plan(B, V, *, tile=None, chunks=None, cand=None):
 def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
+                 amateur_logits=None, cd_alpha=0.1, cd_beta=0.5,
                  tile=None, npiv=16, max_rounds=64, num_warps=None, chunks=None, cand=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
@@ -79,6 +90,9 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     number for every row or a contiguous (B,) tensor on the logits' device (float32 for float
     parameters, int64 for top_k / prompt_lens / seed / offset). Returns (tokens int64 [B],
     logprobs float32 [B]) or, with ``write_probs``, the float32 [B, V] distribution.
+    With ``amateur_logits`` [B, V] (contrastive decoding; cd_alpha / cd_beta validated the same
+    way) the rows are the contrastive scores of gpu_sampler/contrastive.py, computed inside the
+    same launches: one extra read of the amateur logits, no [B, V] scores in memory.
     ``tile`` (statistics block), ``chunks`` (programs per row in stage 1) and ``cand``
     (candidate slots per block) change the geometry, never the result (tests force them).
     """
@@ -101,6 +115,19 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     has_minp = on(min_p) or min_p > 0.0
 
     dummy = logits
+    cd = amateur_logits is not None
+    if cd:
+        am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
+        la_p, la_s, la_t = _split(_log_alpha(cd_alpha), dummy)
+        beta_p, beta_s, beta_t = _split(cd_beta, dummy)
+        wc = _workspace((B, 2, NT), torch.float32, dev)
+    else:
+        am, la_p, la_s, la_t, beta_p, beta_s, beta_t, wc = dummy, dummy, 0.0, False, dummy, 0.0, \
+            False, dummy
+    cdargs = (am, am.stride(0), la_p, float(la_s), beta_p, float(beta_s))
+    cdflags = dict(LA_T=la_t, BETA_T=beta_t, CD=cd)
+    # no FMA with CD: the twin rounds (1 + beta) * e and beta * a separately
+    extra = {"enable_fp_fusion": False} if cd and os.environ.get("TRITON_INTERPRET") != "1" else {}
     args, flags = [], []
     for v in (prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p, min_p,
               repetition_penalty, presence_penalty, frequency_penalty, seed, offset):
@@ -141,7 +168,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cv, ci, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps, **common)
+        wf, wi, cv, ci, *cdargs, wc, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps,
+        **cdflags, **common, **extra)
 
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
@@ -156,18 +184,18 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
         rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cv, ci, xs, xi, tok, logp, sf, si,
+        wf, wi, cv, ci, xs, xi, tok, logp, sf, si, *cdargs, wc,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
-        NB=256, INV_W=16.0, LB_BLOCK=256,
-        num_warps=8 if TILE >= 1024 else 4, **common)
+        NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0=0.25,
+        num_warps=8 if TILE >= 1024 else 4, **cdflags, **common, **extra)
     if not write_probs:
         return tok, logp
     probs = _alloc((B, V), torch.float32, dev)
     _write_probs_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, minp_p, minp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        sf, si, probs, probs.stride(0), MINP_T=flags[4], HAS_MINP=has_minp,
-        num_warps=num_warps, **common)
+        sf, si, probs, probs.stride(0), *cdargs, MINP_T=flags[4], HAS_MINP=has_minp,
+        num_warps=num_warps, **cdflags, **common, **extra)
     return probs

@@ -348,6 +348,17 @@ def test_generate_sampling_seeded_batch_with_padding(expert, amateur):
     assert torch.equal(c[:, -6:], a[1:2, -6:])
 
 
+def test_generate_fused_and_materialised_scores_agree(expert, amateur):
+    """Without returned scores the amateur's logits go into sample()'s launches (run.fuse_cd);
+    asking for scores materialises them first. Same seeded tokens either way."""
+    ids, mask = _prompts([5, 3], 35)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.9, seed=8,
+              amateur_model=amateur, cd_alpha=0.05, cd_beta=0.7, repetition_penalty=1.3)
+    fused = generate(expert, ids, **kw)
+    full = generate(expert, ids, return_dict_in_generate=True, output_scores=True, **kw)
+    assert torch.equal(fused, full.sequences)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(cd_alpha=1.5), "cd_alpha"),
     (dict(cd_alpha=-0.5), "cd_alpha"),
