@@ -18,3 +18,13 @@ def sample_cd(logits, input_ids=None, **kw):
     amateur = logits.float() * 0.6 + torch.randn(logits.shape, generator=g)
     return gpu_sampler.sample(logits, input_ids=input_ids, amateur_logits=amateur.to(logits.dtype),
                               cd_alpha=0.1, cd_beta=0.5, **kw)
+
+
+def sample_cd_separate(logits, input_ids=None, **kw):
+    """The unfused path for comparison: the scores kernel, then sample() on the [B, V] scores."""
+    from gpu_sampler.contrastive import contrastive_scores
+    g = torch.Generator().manual_seed(1)
+    amateur = logits.float() * 0.6 + torch.randn(logits.shape, generator=g)
+    scores = contrastive_scores(logits, amateur.to(logits.dtype), cd_alpha=0.1, cd_beta=0.5,
+                                check=False, backend=kw.get("backend", "auto"))
+    return gpu_sampler.sample(scores, input_ids=input_ids, **kw)

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import _next_pow2, _param, _split
+from .common import _cd_scores
+from .sampling import _log_alpha, _next_pow2, _param, _split
 
 
 @triton.jit
@@ -45,28 +46,13 @@ def _contrastive_scores_kernel(
         e = tl.load(erow + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         M = tl.maximum(M, tl.max(tl.where(e != e, float("-inf"), e), axis=0))
 
-    onep = 1.0 + beta
     for start in range(0, V, TILE):
         offs = start + tl.arange(0, TILE).to(tl.int64)
         inb = offs < V
         e = tl.load(erow + offs, mask=inb, other=float("-inf")).to(tl.float32)
         a = tl.load(arow + offs, mask=inb, other=0.0).to(tl.float32)
-        head = (e > float("-inf")) & ((e == M) | ((e - M) >= la))
-        s = tl.where(beta == 0.0, e, onep * e - beta * a)
-        s = tl.where(head, s, float("-inf"))
-        s = tl.where((e != e) | (a != a), float("nan"), s)
-        s = tl.where(bad, float("nan"), s)
+        s = tl.where(bad, float("nan"), _cd_scores(e, a, la, beta, M))
         tl.store(orow + offs, s, mask=inb)
-
-
-def _log_alpha(cd_alpha):
-    """log(cd_alpha) as float32, NaN where cd_alpha is outside [0, 1] (an invalid row)."""
-    if isinstance(cd_alpha, torch.Tensor):
-        ok = (cd_alpha >= 0) & (cd_alpha <= 1)
-        return torch.where(ok, torch.log(cd_alpha), float("nan")).contiguous()
-    if not 0.0 <= cd_alpha <= 1.0:
-        return float("nan")
-    return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()
 
 
 def contrastive_scores(logits, amateur_logits, *, cd_alpha=0.1, cd_beta=0.5, tile=None,
