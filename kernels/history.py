@@ -10,8 +10,10 @@ list grouped by block, so that block t reads only the entries of its own tokens:
 
 Read 1 counts the entries per block (a histogram), an exclusive prefix sum gives the starts;
 read 2 writes each entry at start[block] + (entries of its block before it). The within-block
-rank of a history tile comes from a one-hot [L_BLOCK, NT_P2] cumsum, so the result is
-deterministic (no atomics). History bytes: exactly 2 * L * itemsize per row; edits: L * 4 written.
+rank in a history tile comes from sorting the tile by (block, position): O(L_BLOCK log^2
+L_BLOCK) per tile whatever the vocabulary, deterministic (no atomics) and stable. (A one-hot
+[L_BLOCK, NT_P2] cumsum does the same in O(L_BLOCK * NT_P2): modelled 210 us at L = 4096,
+V = 128256.) History bytes: exactly 2 * L * itemsize per row; edits: L * 4 written.
 """
 import triton
 import triton.language as tl
@@ -42,16 +44,23 @@ def _bucket_history_kernel(ids_ptr, stride_ib, L, plen_ptr, plen_s, edits_ptr, b
     tl.store(bnd_ptr + row * 2 * NT + bins, cursor, mask=bins < NT)
     tl.store(bnd_ptr + row * 2 * NT + NT + bins, cursor + count, mask=bins < NT)
 
-    # read 2: scatter each entry into its block's slice, in history order
+    # read 2: scatter each entry into its block's slice, in history order. Sorting the tile by
+    # (block, lane) groups it by block and keeps history order inside a block (the keys are
+    # unique); an entry's rank in its group is its sorted index minus the group's start.
+    lane = tl.arange(0, L_BLOCK)
     for h0 in range(0, L, L_BLOCK):
-        hoffs = h0 + tl.arange(0, L_BLOCK)
+        hoffs = h0 + lane
         hin = hoffs < L
         ids = tl.load(irow + hoffs, mask=hin, other=-1).to(tl.int64)
         ok = hin & (ids >= 0) & (ids < NT * TILE)  # ids >= V (check=False) touch nothing
-        blk = tl.where(ok, ids // TILE, -1).to(tl.int32)
-        onehot = (blk[:, None] == bins[None, :]).to(tl.int32)
-        before = tl.cumsum(onehot, 0) - onehot
-        pos = tl.sum(onehot * (before + cursor[None, :]), axis=1)
+        blk = tl.where(ok, ids // TILE, NT_P2).to(tl.int32)  # dropped entries sort last
+        cnt = tl.histogram(tl.where(ok, blk, 0), NT_P2, mask=ok)
+        skey = tl.sort(blk * L_BLOCK + lane)
+        sblk = skey // L_BLOCK
+        sok = sblk < NT_P2
+        g = tl.minimum(sblk, NT_P2 - 1)
+        start = tl.gather(tl.cumsum(cnt, 0) - cnt, g, 0)
+        pos = tl.gather(cursor, g, 0) + (lane - start)
         code = (ids * 2 + (hoffs >= plen).to(tl.int64)).to(tl.int32)
-        tl.store(erow + pos, code, mask=ok)
-        cursor += tl.sum(onehot, axis=0)
+        tl.store(erow + pos, tl.gather(code, skey % L_BLOCK, 0), mask=sok)
+        cursor += cnt

@@ -45,6 +45,33 @@ def _slot_block(cv_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow, 
 
 
 @triton.jit
+def _reached_slots(cv_ptr, row, NT, order, nreach, b0, KT: tl.constexpr, CB: tl.constexpr,
+                   NT_P2: tl.constexpr):
+    """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
+    them, ascending): (slot offsets, candidate mask, x)."""
+    lane = b0 + tl.arange(0, CB)
+    blk = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0).to(tl.int64)
+    slot = (row * NT + blk) * KT + lane % KT
+    inr = lane < nreach * KT
+    x = tl.load(cv_ptr + slot, mask=inr, other=float("-inf"))
+    return slot, x > float("-inf"), x
+
+
+@triton.jit
+def _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M, n_c, vmin, vmass):
+    """Append the candidates x >= LB of these slots to the row's list, in slot order; running
+    count, per-lane min and per-lane mass e^(x - M) of the list."""
+    sel = ok & (x >= LB)
+    pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
+    tl.store(xs_ptr + base + pos, x, mask=sel)
+    tl.store(is_ptr + base + pos, tl.load(ci_ptr + slot, mask=sel, other=0), mask=sel)
+    n_c += tl.sum(sel.to(tl.int32), axis=0)
+    vmin = tl.minimum(vmin, tl.where(sel, x, float("inf")))
+    vmass += tl.where(sel, tl.exp(x - M), 0.0)
+    return n_c, vmin, vmass
+
+
+@triton.jit
 def _list_block(xs_ptr, base, n, b0, CB: tl.constexpr):
     """CB entries of the row's compacted candidate list (n entries from base)."""
     idx = b0 + tl.arange(0, CB)
@@ -248,15 +275,22 @@ def _merge_kernel(
         LB = tl.where(use_lbk, LBk, LB)
         vmin = tl.full([CB], float("inf"), tl.float32)
         vmass = tl.zeros([CB], tl.float32)
-        for b0 in range(0, NT * KT, CB):
-            slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
-            sel = ok & (x >= LB)
-            pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
-            tl.store(xs_ptr + base + pos, x, mask=sel)
-            tl.store(is_ptr + base + pos, tl.load(ci_ptr + slot, mask=sel, other=0), mask=sel)
-            n_c += tl.sum(sel.to(tl.int32), axis=0)
-            vmin = tl.minimum(vmin, tl.where(sel, x, float("inf")))
-            vmass += tl.where(sel, tl.exp(x - M), 0.0)
+        if use_lbk:
+            # LB is the k-th largest block max: a block whose max is below it holds no
+            # candidate >= LB, and about k of the NT blocks reach it. Visit only those, in block
+            # order (the list is the same); emptied blocks (CD, m_t = -inf) never reach it.
+            reach = tin & (m_t >= LB) & (m_t > float("-inf"))
+            nreach = tl.sum(reach.to(tl.int32), axis=0)
+            order = tl.sort(tl.where(reach, tt, NT_P2 + tt))
+            for b0 in range(0, nreach * KT, CB):
+                slot, ok, x = _reached_slots(cv_ptr, row, NT, order, nreach, b0, KT, CB, NT_P2)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M,
+                                            n_c, vmin, vmass)
+        else:
+            for b0 in range(0, NT * KT, CB):
+                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M,
+                                            n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
         complete = G == float("-inf")

@@ -195,3 +195,24 @@ def test_workspace_is_written_before_read(monkeypatch):
     tok, lp = _run(x, tile=64, cand=16, **kw)
     assert torch.equal(tok, clean[0][0]) and torch.equal(lp, clean[0][1])
     assert torch.equal(_run(x, tile=64, cand=16, write_probs=True, **kw_d), clean[1])
+
+
+def test_small_top_k_bound_from_block_maxima(monkeypatch):
+    """k <= blocks: the k-th largest block max bounds tau, and blocks whose max is below it are
+    not visited by the compaction. Tied block maxima, per-row k at and around the block count,
+    with and without top-p: HF's distribution, the twin's tokens, one read of the logits."""
+    from hf_reference import assert_matches_hf
+    gen = torch.Generator().manual_seed(13)
+    B, V = 4, 32 * 64 - 5  # 32 blocks of 64, the last one short
+    x = torch.randn(B, V, generator=gen) * 2
+    x[1, ::64] = 7.0  # every block of row 1 has the same max: k-th block max == the max
+    x[2, 100:104] = 9.0  # four tied top values in one block
+    kw = dict(top_k=torch.tensor([3, 10, 4, 32]), top_p=torch.tensor([1.0, 0.9, 1.0, 0.5]),
+              temperature=0.8)
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, seed=torch.arange(B) + 1, offset=2, **kw)
+    assert reads.bytes == x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(B) + 1, offset=2, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert_matches_hf(_run(x, tile=64, write_probs=True, **kw), x, "small k", **kw)
