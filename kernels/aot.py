@@ -96,6 +96,7 @@ def ptxas_usage(ptx, arch=90):
 VARIANTS = {
     # name: (kernel, flags); the sampling path is history -> stats -> merge
     "history": ("history", dict(num_warps=8)),
+    "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4)),

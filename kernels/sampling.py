@@ -148,7 +148,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         bnd = _workspace((B, 2, NT), torch.int32, dev)
         _bucket_history_kernel[(B,)](
             ids, ids.stride(0), L, plen_p, int(plen_s), edits, bnd, NT,
-            PLEN_T=flags[0], TILE=TILE, L_BLOCK=256,
+            PLEN_T=flags[0], TILE=TILE, L_BLOCK=256 if L <= 2048 else 1024,
             NT_P2=g["NT_P2"], num_warps=8)
         stride_eb = L
     else:
