@@ -25,9 +25,10 @@ temperature (0 = the paper's greedy search), top-k, top-p, min-p and the draw. E
 on the Triton backend (kernels/stats.py, kernels/merge.py: one extra read of the amateur row, no
 [B, V] scores in memory) and from ``contrastive_scores_reference`` on the torch backend, with the
 same float32 arithmetic, so both backends give the same tokens. ``contrastive_scores`` returns
-the scores themselves (Triton kernel ``kernels.contrastive_scores`` or the torch twin). ``generate(..., amateur_model=...)``
-runs the amateur on its own StaticKVCache next to the model and feeds these scores to the loop
-(``generation._contrastive_logits``).
+the scores themselves (Triton kernel ``kernels.contrastive_scores`` or the torch twin).
+``generate(..., amateur_model=...)`` runs the amateur on its own StaticKVCache next to the model
+and hands its logits to ``sample()`` (or, when processors or returned scores need them, these
+scores; ``generation._contrastive_logits``).
 """
 import numbers
 

@@ -14,7 +14,8 @@ rank in a history tile comes from sorting the tile by (block, position): O(L_BLO
 L_BLOCK) per tile whatever the vocabulary, deterministic (no atomics) and stable. (A one-hot
 [L_BLOCK, NT_P2] cumsum does the same in O(L_BLOCK * NT_P2): modelled 210 us at L = 4096,
 V = 128256.) The launcher uses 256-id tiles, 1024 when L > 2048 (fewer latency-bound rounds:
-modelled 35 -> 21 us at L = 4096, one program per row). History bytes: exactly 2 * L * itemsize per row; edits: L * 4 written.
+modelled 35 -> 21 us at L = 4096, one program per row).
+History bytes: exactly 2 * L * itemsize per row; edits: L * 4 written.
 """
 import triton
 import triton.language as tl
