@@ -122,14 +122,16 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
     (arow, one extra read), cut to the head of ``me`` (the row's expert max), or with LOCAL of
     the block's own expert max (a superset of the row's head: the merge corrects it).
     """
+    # int64 only in the block's base pointer: per-lane offsets stay int32 (V < 2^31)
     start = tl.cast(t, tl.int64) * TILE
-    offs = start + tl.arange(0, TILE).to(tl.int64)
-    inb = offs < V
-    xp = tl.load(lrow_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    lane = tl.arange(0, TILE)
+    offs = start.to(tl.int32) + lane
+    inb = lane < (V - start).to(tl.int32)
+    xp = tl.load(lrow_ptr + start + lane, mask=inb, other=float("-inf")).to(tl.float32)
     emax = tl.zeros([], tl.float32)
     elo = tl.zeros([], tl.float32)
     if CD:
-        a = tl.load(arow_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        a = tl.load(arow_ptr + start + lane, mask=inb, other=0.0).to(tl.float32)
         if LOCAL:
             me = tl.max(tl.where(xp != xp, float("-inf"), xp), axis=0)
         emax = me

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .common import (_bad_row, _gumbel, _head, _param, _penalised_tile, _pivot_init,
                      _pivot_partials, _pivot_update, _pivots, _row_key, _tempered)
-from .stats import (F_G, F_LO, F_M, F_XPMAX, F_Z, I_GIDX, I_NFIN, I_NNAN, I_NPOS, NF, NI,
+from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NNEG, I_NPOS, NF, NI,
                     _block_stats)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
@@ -141,6 +141,43 @@ def _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_ma
     return lo, lo_mass
 
 
+@triton.jit
+def _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, me,
+               TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
+               HAS_PF: tl.constexpr, CD: tl.constexpr):
+    """max xp over the row's non-NaN tokens: one pass, for rows whose x overflowed."""
+    best = tl.full([], float("-inf"), tl.float32)
+    for t in range(0, NT):
+        _, _, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                         TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                         arow, la, beta, me, CD, False)
+        best = tl.maximum(best, tl.max(tl.where(xp == xp, xp, float("-inf")), axis=0))
+    return best
+
+
+@triton.jit
+def _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, target,
+                 rep, pres, freq, arow, la, beta, me,
+                 KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
+    """The first token of block tb whose xp equals target (greedy rows, x = xp). From the
+    block's candidates (stored in id order; they hold its max) when it kept any and target is
+    finite, else from the block itself (one block re-read: tie-heavy blocks, +inf)."""
+    idx = tl.full([], 2147483647, tl.int32)
+    if (ncand > 0) & (target < float("inf")):
+        kl = tl.arange(0, KT)
+        cb = (row * NT + tb) * KT
+        v = tl.load(cv_ptr + cb + kl)
+        ids = tl.load(ci_ptr + cb + kl)
+        idx = tl.min(tl.where(v == target, ids, 2147483647), axis=0)
+    else:
+        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, tb, V, rep, pres, freq,
+                                              TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                              arow, la, beta, me, CD, False)
+        idx = tl.min(tl.where(inb & (xp == target), offs, 2147483647), axis=0)
+    return idx.to(tl.int64)
+
+
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
 def _merge_kernel(
     logits_ptr, stride_lb, V, NT,
@@ -211,10 +248,11 @@ def _merge_kernel(
         tl.store(wfrow + F_M * NT + tt, ninf, mask=dropped)
         tl.store(wfrow + F_Z * NT + tt, tl.zeros([NT_P2], tl.float32), mask=dropped)
         tl.store(wfrow + F_LO * NT + tt, -ninf, mask=dropped)
-        tl.store(wfrow + F_XPMAX * NT + tt, ninf, mask=dropped)
         tl.store(wfrow + F_G * NT + tt, ninf, mask=dropped)
         tl.store(wirow + I_NFIN * NT + tt, zero, mask=dropped)
         tl.store(wirow + I_NPOS * NT + tt, zero, mask=dropped)
+        tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
+        tl.store(wirow + I_NNEG * NT + tt, zero, mask=dropped)
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
@@ -230,19 +268,32 @@ def _merge_kernel(
     Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
     lmin = tl.min(tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf")), axis=0)
     G = tl.max(tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")), axis=0)
-    xpmax_t = tl.load(wfrow + F_XPMAX * NT + tt, mask=tin, other=float("-inf"))
-    xpmax = tl.max(xpmax_t, axis=0)
-    gidx_t = tl.load(wirow + I_GIDX * NT + tt, mask=tin, other=2147483647)
-    gidx = tl.min(tl.where(xpmax_t == xpmax, gidx_t, 2147483647), axis=0).to(tl.int64)
     nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
-    npos = tl.sum(tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0), axis=0)
+    npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
+    npos = tl.sum(npos_t, axis=0)
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
+    nneg = tl.sum(tl.load(wirow + I_NNEG * NT + tt, mask=tin, other=0), axis=0)
 
     # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
     # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
-    ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
-    valid = (nnan == 0) & (xpmax > float("-inf")) & (~bad)
+    # nfin + npos + nneg counts the non-NaN tokens with xp > -inf.
+    ovf = (npos > 0) | ((nfin == 0) & (nneg > 0))
+    valid = (nnan == 0) & (nfin + npos + nneg > 0) & (~bad)
     sampling = valid & (~greedy)
+
+    # max xp and its first index: greedy rows have x = xp (so max xp is M, or +inf), their
+    # token is found in one block; rows whose x overflowed find max xp in one more pass
+    xpmax = tl.where(npos > 0, float("inf"), M)
+    gidx = row * 0 - 1
+    if valid & greedy:
+        tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
+        ncand = tl.load(wirow + I_NCAND * NT + tb)
+        gidx = _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, xpmax,
+                            rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
+                            HAS_REP, HAS_PF, CD)
+    if sampling & ovf:
+        xpmax = _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, Me,
+                           TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
     if HAS_TOPK:
@@ -423,7 +474,7 @@ def _write_probs_kernel(
     ovf = (flags & 4) != 0
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
-        offs = tl.cast(t, tl.int64) * TILE + tl.arange(0, TILE).to(tl.int64)
+        offs = t * TILE + tl.arange(0, TILE)
         inb = offs < V
         if sampling:
             offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,

@@ -33,24 +33,18 @@ import triton.language as tl
 
 from .common import _bad_row, _param, _penalised_tile
 
-# workspace field order (float32 [B, 5, NT] and int32 [B, 5, NT])
-F_M, F_Z, F_LO, F_XPMAX, F_G = (tl.constexpr(i) for i in range(5))
-I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_GIDX = (tl.constexpr(i) for i in range(5))
-NF = tl.constexpr(5)
+# workspace field order (float32 [B, 4, NT] and int32 [B, 5, NT])
+F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
+I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_NNEG = (tl.constexpr(i) for i in range(5))
+NF = tl.constexpr(4)
 NI = tl.constexpr(5)
+# classes of the per-block histogram: 0..6 window, 7 finite outside every window, then
+C_NAN, C_POS, C_NEG = (tl.constexpr(i) for i in (8, 9, 10))
 
 
 @triton.jit
-def _block_combine(v1, i1, m1, l1, v2, i2, m2, l2):
-    """(max with its first index, max, min): each order-free, so one tree gives the same bits."""
-    left = (v1 > v2) | ((v1 == v2) & (i1 < i2))
-    return (tl.where(left, v1, v2), tl.where(left, i1, i2), tl.maximum(m1, m2),
-            tl.minimum(l1, l2))
-
-
-@triton.jit
-def _add2_combine(a1, b1, a2, b2):
-    return a1 + a2, b1 + b2
+def _maxmin_combine(m1, l1, m2, l2):
+    return tl.maximum(m1, m2), tl.minimum(l1, l2)
 
 
 @triton.jit
@@ -65,48 +59,42 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
                                                TILE, E_BLOCK, HAS_REP, HAS_PF,
                                                arow, la, beta, me, CD, LOCAL)
     x = xp / tdiv
-    isnan = xp != xp
-    xg = tl.where(isnan, float("-inf"), xp)
-    fin = (x > float("-inf")) & (x < float("inf"))
-    # max xp / its first index, max and min finite x: one reduction (one barrier, not three)
-    xpmax, amax, m, lo = tl.reduce((xg, tl.arange(0, TILE), tl.where(fin, x, float("-inf")),
-                                    tl.where(fin, x, float("inf"))), 0, _block_combine)
-    gidx = t * TILE + amax
+    isnan = x != x
+    fin = tl.abs(x) < float("inf")
+    # max and min finite x: one two-operand reduction (one barrier, not two)
+    m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
+                      _maxmin_combine)
     z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
 
-    # windows [m - D_j, m], D_j = D0 * 2^j (j < 7), the last one everything finite: keep the
-    # widest window holding <= KT values (none if more than KT lie within D0 of the max).
-    # k = the first window holding x; its histogram (7 bins) and the nfin / +inf / NaN counts
-    # are packed 11 bits a field into two int64 and summed in one reduction
+    # windows W_j = {finite x : fl(m - x) <= D0 * 2^j} (j < 7), the last one everything finite:
+    # keep the widest window holding <= KT values (none if more than KT lie within D0 of the
+    # max). k = the first window holding x, read off the exponent of d = fl(m - x) / D0 (a
+    # power-of-two scale, exact): k = ceil(log2 d) clamped to [0, 7]. d is monotone in x, so
+    # every window is an upper set. One histogram counts k and the non-finite classes: NaN,
+    # +inf, and -inf from a finite xp (x overflowed; -inf xp is not counted).
     tl.static_assert(NWIN == 8)
-    k = tl.full([TILE], NWIN - 1, tl.int32)
-    for jj in tl.static_range(NWIN - 1):
-        k -= (x >= m - D0 * (1 << jj)).to(tl.int32)
-    lowk = fin & (k < 4)
-    highk = fin & (k >= 4) & (k < NWIN - 1)
-    one = tl.full([TILE], 1, tl.int64)
-    pa = tl.where(lowk, one << (11 * (k & 3)).to(tl.int64), 0) + (isnan.to(tl.int64) << 44)
-    pb = (tl.where(highk, one << (11 * ((k - 4) & 3)).to(tl.int64), 0) + (fin.to(tl.int64) << 33)
-          + ((x == float("inf")).to(tl.int64) << 44))
-    pa, pb = tl.reduce((pa, pb), 0, _add2_combine)
-    nfin = ((pb >> 33) & 2047).to(tl.int32)
-    # N_j = values in window j (cumulative); nsel = windows with N_j <= KT; keep window nsel-1
-    nwin = tl.zeros([], tl.int32)
-    nkeep = tl.zeros([], tl.int32)
-    thr = tl.full([], float("inf"), tl.float32)
-    for jj in tl.static_range(NWIN - 1):
-        if jj < 4:
-            nwin += ((pa >> (11 * jj)) & 2047).to(tl.int32)
-        else:
-            nwin += ((pb >> (11 * (jj - 4))) & 2047).to(tl.int32)
-        ok = nwin <= KT
-        thr = tl.where(ok, m - D0 * (1 << jj), thr)
-        nkeep = tl.where(ok, nwin, nkeep)
-    ok = nfin <= KT
-    thr = tl.where(ok, float("-inf"), thr)
-    nkeep = tl.where(ok, nfin, nkeep)
-    keep = fin & (x >= thr)
-    pos = tl.cumsum(keep.to(tl.int32), 0) - 1
+    db = ((m - x) * (1.0 / D0)).to(tl.int32, bitcast=True)
+    k = tl.minimum(tl.maximum(((db - 1) >> 23) - 126, 0), NWIN - 1)
+    cls = tl.where(fin, k, tl.where(isnan, C_NAN, tl.where(x > 0, C_POS, C_NEG)))
+    h = tl.histogram(cls, 16, mask=(cls != C_NEG) | (xp > float("-inf")))
+    # the window (N_j = sum_{i <= j} h_i <= KT: a prefix of j) and the counts, in one sum
+    bins = tl.arange(0, 16)
+    ok = (bins < NWIN - 1) & (tl.cumsum(tl.where(bins < NWIN - 1, h, 0), 0) <= KT)
+    h64 = h.to(tl.int64)
+    packed = tl.sum(tl.where(bins < NWIN, h64, 0) + tl.where(bins == C_NAN, h64 << 11, 0)
+                    + tl.where(bins == C_POS, h64 << 22, 0) + tl.where(bins == C_NEG, h64 << 33, 0)
+                    + tl.where(ok, (h64 << 47) + (1 << 44), 0), axis=0)
+    nfin = (packed & 2047).to(tl.int32)
+    jsel = ((packed >> 44) & 7).to(tl.int32) - 1
+    nkeep = ((packed >> 47) & 2047).to(tl.int32)
+    jsel = tl.where(nfin <= KT, NWIN - 1, jsel)
+    nkeep = tl.where(nfin <= KT, nfin, nkeep)
+    keep = fin & (k <= jsel)
+    # slot of each kept value in id order: an exclusive scan over groups of 4 lanes (each
+    # thread's own vector), then within the group, rather than a scan over every lane
+    k4 = tl.reshape(keep.to(tl.int32), [TILE // 4, 4])
+    n4 = tl.sum(k4, axis=1)
+    pos = tl.reshape((tl.cumsum(n4, 0) - n4)[:, None] + tl.cumsum(k4, 1), [TILE]) - 1
     cbase = (row * NT + t) * KT
     tl.store(cv_ptr + cbase + pos, x, mask=keep)
     tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
@@ -117,13 +105,12 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, z)
     tl.store(wfrow + F_LO * NT + t, lo)
-    tl.store(wfrow + F_XPMAX * NT + t, xpmax)
     tl.store(wfrow + F_G * NT + t, g)
     tl.store(wirow + I_NFIN * NT + t, nfin)
-    tl.store(wirow + I_NPOS * NT + t, ((pb >> 44) & 2047).to(tl.int32))
-    tl.store(wirow + I_NNAN * NT + t, ((pa >> 44) & 2047).to(tl.int32))
+    tl.store(wirow + I_NPOS * NT + t, ((packed >> 22) & 2047).to(tl.int32))
+    tl.store(wirow + I_NNAN * NT + t, ((packed >> 11) & 2047).to(tl.int32))
     tl.store(wirow + I_NCAND * NT + t, nkeep)
-    tl.store(wirow + I_GIDX * NT + t, gidx.to(tl.int32))
+    tl.store(wirow + I_NNEG * NT + t, ((packed >> 33) & 2047).to(tl.int32))
     return emax, elo
 
 
