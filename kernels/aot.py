@@ -51,6 +51,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", *
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   WRITE_PROBS=False, CD=False, **GEOM)
     consts.update(flags)
+    if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
+        consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
     if consts["CD"]:  # as the launcher does: the twin rounds (1 + beta) e and beta a apart
         options["enable_fp_fusion"] = False

@@ -197,7 +197,7 @@ def _merge_kernel(
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
-    D0: tl.constexpr,
+    D0: tl.constexpr, R: tl.constexpr,
 ):
     """Reads 10 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
@@ -257,7 +257,7 @@ def _merge_kernel(
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, la, beta, Me, TILE, E_BLOCK, KT, NWIN, D0,
-                         HAS_REP, HAS_PF, True, False)
+                         HAS_REP, HAS_PF, True, False, R)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 

@@ -165,10 +165,12 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         num_warps = 4  # stage 1 is latency-bound per block: more resident programs per SM
     common = dict(TEMP_T=flags[1], REP_T=flags[5], PRES_T=flags[6], FREQ_T=flags[7],
                   HAS_REP=has_rep, HAS_PF=has_pf, TILE=TILE, E_BLOCK=e_block)
+    # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         wf, wi, cv, ci, *cdargs, wc, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps,
+        R=min(TILE, 32 * num_warps),
         **cdflags, **common, **extra)
 
     if write_probs:
@@ -179,6 +181,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         tok = _alloc((B,), torch.int64, dev)
         logp = _alloc((B,), torch.float32, dev)
         sf = si = tok
+    merge_warps = 8 if TILE >= 1024 else 4
     _merge_kernel[(B,)](
         logits, logits.stride(0), V, NT, edits, stride_eb, bnd,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
@@ -189,7 +192,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0=0.25,
-        num_warps=8 if TILE >= 1024 else 4, **cdflags, **common, **extra)
+        num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **cdflags, **common, **extra)
     if not write_probs:
         return tok, logp
     probs = _alloc((B, V), torch.float32, dev)

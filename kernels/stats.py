@@ -48,11 +48,35 @@ def _maxmin_combine(m1, l1, m2, l2):
 
 
 @triton.jit
+def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
+    """Exclusive rank of each kept lane in id order (its slot among the block's candidates).
+
+    The tile is viewed as [TILE / R, R] with R = the program's threads: with one element per
+    thread, row r of thread j is lane r * R + j, so each thread packs its rows' keep bits into
+    one int64 (FW bits a row) and a single scan over the R threads ranks every row at once
+    (a per-lane cumsum scans each row separately). No field carries: a row holds <= R lanes."""
+    NREP: tl.constexpr = TILE // R
+    FW: tl.constexpr = 8 if R < 256 else 16
+    kept = keep.to(tl.int32)
+    if NREP == 1 or NREP * FW > 64:
+        slot = tl.cumsum(kept, 0) - kept
+    else:
+        sh = (tl.arange(0, NREP) * FW).to(tl.int64)[:, None]
+        packed = tl.sum(tl.reshape(kept, [NREP, R]).to(tl.int64) << sh, axis=0)
+        excl = tl.cumsum(packed, 0) - packed
+        rowtot = (tl.sum(packed, axis=0) >> sh) & ((1 << FW) - 1)
+        slot2 = (tl.cumsum(rowtot, 0) - rowtot) + ((excl[None, :] >> sh) & ((1 << FW) - 1))
+        slot = tl.reshape(slot2, [TILE]).to(tl.int32)
+    return slot
+
+
+@triton.jit
 def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
                  rep, pres, freq, tdiv, la, beta, me,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0: tl.constexpr, HAS_REP: tl.constexpr,
-                 HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr):
+                 HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
+                 R: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
     offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
@@ -90,11 +114,7 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
     jsel = tl.where(nfin <= KT, NWIN - 1, jsel)
     nkeep = tl.where(nfin <= KT, nfin, nkeep)
     keep = fin & (k <= jsel)
-    # slot of each kept value in id order: an exclusive scan over groups of 4 lanes (each
-    # thread's own vector), then within the group, rather than a scan over every lane
-    k4 = tl.reshape(keep.to(tl.int32), [TILE // 4, 4])
-    n4 = tl.sum(k4, axis=1)
-    pos = tl.reshape((tl.cumsum(n4, 0) - n4)[:, None] + tl.cumsum(k4, 1), [TILE]) - 1
+    pos = _kept_slots(keep, TILE, R)
     cbase = (row * NT + t) * KT
     tl.store(cv_ptr + cbase + pos, x, mask=keep)
     tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
@@ -114,7 +134,7 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
     return emax, elo
 
 
-@triton.jit(do_not_specialize=["TPC"])
+@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
     edits_ptr, stride_eb, bnd_ptr,
@@ -125,6 +145,7 @@ def _stats_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
+    R: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -147,7 +168,7 @@ def _stats_kernel(
     for t in range(c * TPC, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, la, beta, tdiv * 0.0,
-                                 TILE, E_BLOCK, KT, NWIN, D0, HAS_REP, HAS_PF, CD, True)
+                                 TILE, E_BLOCK, KT, NWIN, D0, HAS_REP, HAS_PF, CD, True, R)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's
