@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .common import (_bad_row, _gumbel, _head, _param, _penalised_tile, _pivot_init,
                      _pivot_partials, _pivot_update, _pivots, _row_key, _tempered)
-from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NNEG, I_NPOS, NF, NI,
+from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, NF, NI,
                     _block_stats)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
@@ -252,7 +252,6 @@ def _merge_kernel(
         tl.store(wirow + I_NFIN * NT + tt, zero, mask=dropped)
         tl.store(wirow + I_NPOS * NT + tt, zero, mask=dropped)
         tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
-        tl.store(wirow + I_NNEG * NT + tt, zero, mask=dropped)
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
@@ -272,18 +271,19 @@ def _merge_kernel(
     npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
     npos = tl.sum(npos_t, axis=0)
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
-    nneg = tl.sum(tl.load(wirow + I_NNEG * NT + tt, mask=tin, other=0), axis=0)
 
+    # max xp and its first index. Greedy rows have x = xp: max xp is M, or +inf. Rows with
+    # +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to -inf) find max xp
+    # in one more pass; the token of a greedy row is found in one block.
+    xpmax = tl.where(npos > 0, float("inf"), M)
+    if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
+        xpmax = _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, Me,
+                           TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
     # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
     # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
-    # nfin + npos + nneg counts the non-NaN tokens with xp > -inf.
-    ovf = (npos > 0) | ((nfin == 0) & (nneg > 0))
-    valid = (nnan == 0) & (nfin + npos + nneg > 0) & (~bad)
+    ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
+    valid = (nnan == 0) & (xpmax > float("-inf")) & (~bad)
     sampling = valid & (~greedy)
-
-    # max xp and its first index: greedy rows have x = xp (so max xp is M, or +inf), their
-    # token is found in one block; rows whose x overflowed find max xp in one more pass
-    xpmax = tl.where(npos > 0, float("inf"), M)
     gidx = row * 0 - 1
     if valid & greedy:
         tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
@@ -291,9 +291,6 @@ def _merge_kernel(
         gidx = _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, xpmax,
                             rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
                             HAS_REP, HAS_PF, CD)
-    if sampling & ovf:
-        xpmax = _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, Me,
-                           TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
     if HAS_TOPK:

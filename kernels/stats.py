@@ -33,13 +33,11 @@ import triton.language as tl
 
 from .common import _bad_row, _param, _penalised_tile
 
-# workspace field order (float32 [B, 4, NT] and int32 [B, 5, NT])
+# workspace field order (float32 [B, 4, NT] and int32 [B, 4, NT])
 F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
-I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_NNEG = (tl.constexpr(i) for i in range(5))
+I_NFIN, I_NPOS, I_NNAN, I_NCAND = (tl.constexpr(i) for i in range(4))
 NF = tl.constexpr(4)
-NI = tl.constexpr(5)
-# classes of the per-block histogram: 0..6 window, 7 finite outside every window, then
-C_NAN, C_POS, C_NEG = (tl.constexpr(i) for i in (8, 9, 10))
+NI = tl.constexpr(4)
 
 
 @triton.jit
@@ -83,42 +81,50 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
                                                TILE, E_BLOCK, HAS_REP, HAS_PF,
                                                arow, la, beta, me, CD, LOCAL)
     x = xp / tdiv
-    isnan = x != x
-    fin = tl.abs(x) < float("inf")
-    # max and min finite x: one two-operand reduction (one barrier, not two)
-    m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
-                      _maxmin_combine)
-    z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
+    # Blocks with neither NaN nor +inf (all but a few): max x ignores -inf by itself, and z is
+    # NaN exactly when the block holds a NaN or a +inf (or is all -inf, mended below), so the
+    # common path tests no lane for them. Flagged blocks recount exactly.
+    ninf = x > float("-inf")
+    m, lo = tl.reduce((x, tl.where(ninf, x, float("inf"))), 0, _maxmin_combine)
+    z = tl.sum(tl.exp(x - m), axis=0)
+    z = tl.where(m == float("-inf"), 0.0, z)
+    npos = tl.zeros([], tl.int32)
+    nnan = tl.zeros([], tl.int32)
+    hmask = ninf
+    if z != z:
+        fin = tl.abs(x) < float("inf")
+        nnan = tl.sum((x != x).to(tl.int32), axis=0)
+        npos = tl.sum((x == float("inf")).to(tl.int32), axis=0)
+        m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
+                          _maxmin_combine)
+        z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
+        hmask = fin
 
     # windows W_j = {finite x : fl(m - x) <= D0 * 2^j} (j < 7), the last one everything finite:
     # keep the widest window holding <= KT values (none if more than KT lie within D0 of the
     # max). k = the first window holding x, read off the exponent of d = fl(m - x) / D0 (a
     # power-of-two scale, exact): k = ceil(log2 d) clamped to [0, 7]. d is monotone in x, so
-    # every window is an upper set. One histogram counts k and the non-finite classes: NaN,
-    # +inf, and -inf from a finite xp (x overflowed; -inf xp is not counted).
+    # every window is an upper set. A histogram of k over the finite lanes counts them.
     tl.static_assert(NWIN == 8)
     db = ((m - x) * (1.0 / D0)).to(tl.int32, bitcast=True)
     k = tl.minimum(tl.maximum(((db - 1) >> 23) - 126, 0), NWIN - 1)
-    cls = tl.where(fin, k, tl.where(isnan, C_NAN, tl.where(x > 0, C_POS, C_NEG)))
-    h = tl.histogram(cls, 16, mask=(cls != C_NEG) | (xp > float("-inf")))
-    # the window (N_j = sum_{i <= j} h_i <= KT: a prefix of j) and the counts, in one sum
-    bins = tl.arange(0, 16)
+    h = tl.histogram(k, NWIN, mask=hmask)
+    # N_j = sum_{i <= j} h_i; the windows with N_j <= KT are a prefix: count them and their
+    # lanes, with nfin, in one packed sum
+    bins = tl.arange(0, NWIN)
     ok = (bins < NWIN - 1) & (tl.cumsum(tl.where(bins < NWIN - 1, h, 0), 0) <= KT)
-    h64 = h.to(tl.int64)
-    packed = tl.sum(tl.where(bins < NWIN, h64, 0) + tl.where(bins == C_NAN, h64 << 11, 0)
-                    + tl.where(bins == C_POS, h64 << 22, 0) + tl.where(bins == C_NEG, h64 << 33, 0)
-                    + tl.where(ok, (h64 << 47) + (1 << 44), 0), axis=0)
-    nfin = (packed & 2047).to(tl.int32)
-    jsel = ((packed >> 44) & 7).to(tl.int32) - 1
-    nkeep = ((packed >> 47) & 2047).to(tl.int32)
+    packed = tl.sum(h + tl.where(ok, (h << 15) + (1 << 12), 0), axis=0)
+    nfin = packed & 4095
+    jsel = ((packed >> 12) & 7) - 1
+    nkeep = (packed >> 15) & 4095
     jsel = tl.where(nfin <= KT, NWIN - 1, jsel)
     nkeep = tl.where(nfin <= KT, nfin, nkeep)
-    keep = fin & (k <= jsel)
+    keep = hmask & (k <= jsel)
     pos = _kept_slots(keep, TILE, R)
     cbase = (row * NT + t) * KT
     tl.store(cv_ptr + cbase + pos, x, mask=keep)
     tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
-    g = tl.max(tl.where(fin & (~keep), x, float("-inf")), axis=0)
+    g = tl.max(tl.where(hmask & (~keep), x, float("-inf")), axis=0)
     kl = tl.arange(0, KT)
     tl.store(cv_ptr + cbase + kl, tl.full([KT], float("-inf"), tl.float32), mask=kl >= nkeep)
 
@@ -127,10 +133,9 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
     tl.store(wfrow + F_LO * NT + t, lo)
     tl.store(wfrow + F_G * NT + t, g)
     tl.store(wirow + I_NFIN * NT + t, nfin)
-    tl.store(wirow + I_NPOS * NT + t, ((packed >> 22) & 2047).to(tl.int32))
-    tl.store(wirow + I_NNAN * NT + t, ((packed >> 11) & 2047).to(tl.int32))
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
     tl.store(wirow + I_NCAND * NT + t, nkeep)
-    tl.store(wirow + I_NNEG * NT + t, ((packed >> 33) & 2047).to(tl.int32))
     return emax, elo
 
 
