@@ -18,8 +18,7 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "topk_ptr": "*i64", "topp_ptr": "*fp32", "minp_ptr": "*fp32", "rep_ptr": "*fp32",
        "pres_ptr": "*fp32", "freq_ptr": "*fp32", "seed_ptr": "*i64", "off_ptr": "*i64",
        "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32", "edits_ptr": "*i32",
-       "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cv_ptr": "*fp32",
-       "ci_ptr": "*i32", "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
+       "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cand_ptr": "*i64", "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
        "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
        "wc_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}

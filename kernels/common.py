@@ -89,6 +89,26 @@ def _gumbel(k0, k1, offs):
     return -tl.log(-tl.log(_uniform(k0, k1, offs)))
 
 
+# a candidate slot: x (fp32 bits, low word) and its token id (high word) in one int64, so
+# stage 1 stores (and the merge loads) one word per candidate; an empty slot is x = -inf
+EMPTY_SLOT = tl.constexpr(0xFF800000)
+
+
+@triton.jit
+def _pack_cand(x, ids):
+    return (ids.to(tl.int64) << 32) | (x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _cand_x(v):
+    return v.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _cand_id(v):
+    return (v >> 32).to(tl.int32)
+
+
 @triton.jit
 def _head(e, me, la):
     """The contrastive plausibility head given the expert max me: p_e >= cd_alpha * max p_e,

@@ -18,8 +18,9 @@ search and the draw over the row itself: passes = 1 per top-k / top-p search rou
 import triton
 import triton.language as tl
 
-from .common import (_bad_row, _gumbel, _head, _param, _penalised_tile, _pivot_init,
-                     _pivot_partials, _pivot_update, _pivots, _row_key, _tempered)
+from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
+                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
+                     _row_key, _tempered)
 from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, NF, NI,
                     _block_stats)
 
@@ -29,42 +30,45 @@ NS = tl.constexpr(5)
 
 
 @triton.jit
-def _slot_block(cv_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow, CD: tl.constexpr):
-    """CB per-block candidate slots from flat slot b0: (slot offsets, candidate mask, x).
+def _slot_block(cand_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow,
+                CD: tl.constexpr):
+    """CB per-block candidate slots from flat slot b0: (candidate mask, x, token ids).
     Stage 1 writes every slot (-inf past a block's candidates). With CD, the slots of a block
     the merge emptied (its m_t set to -inf: no token of the row's head) are not candidates."""
     idx = b0 + tl.arange(0, CB).to(tl.int64)
     slot = row * NT * KT + idx
-    x = tl.load(cv_ptr + slot, mask=idx < NT * KT, other=float("-inf"))
+    v = tl.load(cand_ptr + slot, mask=idx < NT * KT, other=EMPTY_SLOT)
+    x = _cand_x(v)
     ok = x > float("-inf")
     if CD:
         mb = tl.load(wfrow + F_M * NT + idx // KT, mask=ok, other=float("-inf"))
         ok = ok & (mb > float("-inf"))
         x = tl.where(ok, x, float("-inf"))
-    return slot, ok, x
+    return ok, x, _cand_id(v)
 
 
 @triton.jit
-def _reached_slots(cv_ptr, row, NT, order, nreach, b0, KT: tl.constexpr, CB: tl.constexpr,
+def _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT: tl.constexpr, CB: tl.constexpr,
                    NT_P2: tl.constexpr):
     """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
-    them, ascending): (slot offsets, candidate mask, x)."""
+    them, ascending): (candidate mask, x, token ids)."""
     lane = b0 + tl.arange(0, CB)
     blk = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0).to(tl.int64)
     slot = (row * NT + blk) * KT + lane % KT
     inr = lane < nreach * KT
-    x = tl.load(cv_ptr + slot, mask=inr, other=float("-inf"))
-    return slot, x > float("-inf"), x
+    v = tl.load(cand_ptr + slot, mask=inr, other=EMPTY_SLOT)
+    x = _cand_x(v)
+    return x > float("-inf"), x, _cand_id(v)
 
 
 @triton.jit
-def _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M, n_c, vmin, vmass):
+def _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M, n_c, vmin, vmass):
     """Append the candidates x >= LB of these slots to the row's list, in slot order; running
     count, per-lane min and per-lane mass e^(x - M) of the list."""
     sel = ok & (x >= LB)
     pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
     tl.store(xs_ptr + base + pos, x, mask=sel)
-    tl.store(is_ptr + base + pos, tl.load(ci_ptr + slot, mask=sel, other=0), mask=sel)
+    tl.store(is_ptr + base + pos, ids, mask=sel)
     n_c += tl.sum(sel.to(tl.int32), axis=0)
     vmin = tl.minimum(vmin, tl.where(sel, x, float("inf")))
     vmass += tl.where(sel, tl.exp(x - M), 0.0)
@@ -156,7 +160,7 @@ def _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, me,
 
 
 @triton.jit
-def _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, target,
+def _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, target,
                  rep, pres, freq, arow, la, beta, me,
                  KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                  HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
@@ -167,9 +171,8 @@ def _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, target
     if (ncand > 0) & (target < float("inf")):
         kl = tl.arange(0, KT)
         cb = (row * NT + tb) * KT
-        v = tl.load(cv_ptr + cb + kl)
-        ids = tl.load(ci_ptr + cb + kl)
-        idx = tl.min(tl.where(v == target, ids, 2147483647), axis=0)
+        v = tl.load(cand_ptr + cb + kl)
+        idx = tl.min(tl.where(_cand_x(v) == target, _cand_id(v), 2147483647), axis=0)
     else:
         offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, tb, V, rep, pres, freq,
                                               TILE, E_BLOCK, HAS_REP, HAS_PF,
@@ -185,7 +188,7 @@ def _merge_kernel(
     temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s,
     rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     seed_ptr, seed_s, off_ptr, off_s,
-    wf_ptr, wi_ptr, cv_ptr, ci_ptr, xs_ptr, is_ptr,
+    wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
@@ -254,7 +257,7 @@ def _merge_kernel(
         tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
-            _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
+            _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, la, beta, Me, TILE, E_BLOCK, KT, NWIN, D0,
                          HAS_REP, HAS_PF, True, False, R)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
@@ -288,7 +291,7 @@ def _merge_kernel(
     if valid & greedy:
         tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
         ncand = tl.load(wirow + I_NCAND * NT + tb)
-        gidx = _first_index(lrow, erow, brow, cv_ptr, ci_ptr, row, NT, V, tb, ncand, xpmax,
+        gidx = _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, xpmax,
                             rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
                             HAS_REP, HAS_PF, CD)
     k_act = tl.zeros([], dtype=tl.int1)
@@ -316,7 +319,7 @@ def _merge_kernel(
         use_lbk = k_act & (k <= NT)
         if (k_act | p_act) & (~use_lbk):
             for b0 in range(0, NT * KT, CB):
-                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
+                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, KT, CB, wfrow, CD)
                 d = tl.minimum((M - x) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
@@ -331,13 +334,13 @@ def _merge_kernel(
             nreach = tl.sum(reach.to(tl.int32), axis=0)
             order = tl.sort(tl.where(reach, tt, NT_P2 + tt))
             for b0 in range(0, nreach * KT, CB):
-                slot, ok, x = _reached_slots(cv_ptr, row, NT, order, nreach, b0, KT, CB, NT_P2)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M,
+                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CB, NT_P2)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         else:
             for b0 in range(0, NT * KT, CB):
-                slot, ok, x = _slot_block(cv_ptr, row, NT, b0, KT, CB, wfrow, CD)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, ci_ptr, base, slot, ok, x, LB, M,
+                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, KT, CB, wfrow, CD)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)

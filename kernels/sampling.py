@@ -157,8 +157,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
 
     wf = _workspace((B, NF.value, NT), torch.float32, dev)
     wi = _workspace((B, NI.value, NT), torch.int32, dev)
-    cv = _workspace((B, NT, g["KT"]), torch.float32, dev)
-    ci = _workspace((B, NT, g["KT"]), torch.int32, dev)
+    cand = _workspace((B, NT, g["KT"]), torch.int64, dev)
     xs = _workspace((B, NT * g["KT"]), torch.float32, dev)
     xi = _workspace((B, NT * g["KT"]), torch.int32, dev)
     if num_warps is None:
@@ -169,7 +168,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cv, ci, *cdargs, wc, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps,
+        wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps,
         R=min(TILE, 32 * num_warps),
         **cdflags, **common, **extra)
 
@@ -187,7 +186,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
         rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cv, ci, xs, xi, tok, logp, sf, si, *cdargs, wc,
+        wf, wi, cand, xs, xi, tok, logp, sf, si, *cdargs, wc,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,

@@ -31,7 +31,7 @@ history edits; writes 10 words of statistics per block plus 8 bytes per candidat
 import triton
 import triton.language as tl
 
-from .common import _bad_row, _param, _penalised_tile
+from .common import EMPTY_SLOT, _bad_row, _pack_cand, _param, _penalised_tile
 
 # workspace field order (float32 [B, 4, NT] and int32 [B, 4, NT])
 F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
@@ -69,7 +69,7 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, t, V,
+def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
                  rep, pres, freq, tdiv, la, beta, me,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0: tl.constexpr, HAS_REP: tl.constexpr,
@@ -122,11 +122,10 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT, 
     keep = hmask & (k <= jsel)
     pos = _kept_slots(keep, TILE, R)
     cbase = (row * NT + t) * KT
-    tl.store(cv_ptr + cbase + pos, x, mask=keep)
-    tl.store(ci_ptr + cbase + pos, offs.to(tl.int32), mask=keep)
+    tl.store(cand_ptr + cbase + pos, _pack_cand(x, offs), mask=keep)
     g = tl.max(tl.where(hmask & (~keep), x, float("-inf")), axis=0)
     kl = tl.arange(0, KT)
-    tl.store(cv_ptr + cbase + kl, tl.full([KT], float("-inf"), tl.float32), mask=kl >= nkeep)
+    tl.store(cand_ptr + cbase + kl, tl.full([KT], EMPTY_SLOT, tl.int64), mask=kl >= nkeep)
 
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, z)
@@ -144,7 +143,7 @@ def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
     edits_ptr, stride_eb, bnd_ptr,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
-    wf_ptr, wi_ptr, cv_ptr, ci_ptr,
+    wf_ptr, wi_ptr, cand_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
@@ -171,7 +170,7 @@ def _stats_kernel(
 
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
-        emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cv_ptr, ci_ptr, row, NT,
+        emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, la, beta, tdiv * 0.0,
                                  TILE, E_BLOCK, KT, NWIN, D0, HAS_REP, HAS_PF, CD, True, R)
         if CD:
