@@ -96,7 +96,8 @@ EMPTY_SLOT = tl.constexpr(0xFF800000)
 
 @triton.jit
 def _pack_cand(x, ids):
-    return (ids.to(tl.int64) << 32) | (x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    v = (ids.to(tl.uint32).to(tl.uint64) << 32) | x.to(tl.uint32, bitcast=True).to(tl.uint64)
+    return v.to(tl.int64, bitcast=True)
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton.language as tl
 from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
                      _row_key, _tempered)
-from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, NF, NI,
+from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, LOG2E, NF, NI,
                     _block_stats)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
@@ -30,15 +30,16 @@ NS = tl.constexpr(5)
 
 
 @triton.jit
-def _slot_block(cand_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow,
+def _slot_block(cand_ptr, row, NT, b0, tdiv, KT: tl.constexpr, CB: tl.constexpr, wfrow,
                 CD: tl.constexpr):
-    """CB per-block candidate slots from flat slot b0: (candidate mask, x, token ids).
+    """CB per-block candidate slots from flat slot b0: (candidate mask, x, token ids). Slots
+    hold xp (stage 1 works before the temperature); x = xp / T here.
     Stage 1 writes every slot (-inf past a block's candidates). With CD, the slots of a block
     the merge emptied (its m_t set to -inf: no token of the row's head) are not candidates."""
     idx = b0 + tl.arange(0, CB).to(tl.int64)
     slot = row * NT * KT + idx
     v = tl.load(cand_ptr + slot, mask=idx < NT * KT, other=EMPTY_SLOT)
-    x = _cand_x(v)
+    x = _cand_x(v) / tdiv
     ok = x > float("-inf")
     if CD:
         mb = tl.load(wfrow + F_M * NT + idx // KT, mask=ok, other=float("-inf"))
@@ -48,8 +49,8 @@ def _slot_block(cand_ptr, row, NT, b0, KT: tl.constexpr, CB: tl.constexpr, wfrow
 
 
 @triton.jit
-def _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT: tl.constexpr, CB: tl.constexpr,
-                   NT_P2: tl.constexpr):
+def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT: tl.constexpr,
+                   CB: tl.constexpr, NT_P2: tl.constexpr):
     """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
     them, ascending): (candidate mask, x, token ids)."""
     lane = b0 + tl.arange(0, CB)
@@ -57,7 +58,7 @@ def _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT: tl.constexpr, CB: t
     slot = (row * NT + blk) * KT + lane % KT
     inr = lane < nreach * KT
     v = tl.load(cand_ptr + slot, mask=inr, other=EMPTY_SLOT)
-    x = _cand_x(v)
+    x = _cand_x(v) / tdiv
     return x > float("-inf"), x, _cand_id(v)
 
 
@@ -200,7 +201,7 @@ def _merge_kernel(
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
-    D0: tl.constexpr, R: tl.constexpr,
+    D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
     """Reads 10 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
@@ -258,7 +259,8 @@ def _merge_kernel(
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                         rep, pres, freq, tdiv, la, beta, Me, TILE, E_BLOCK, KT, NWIN, D0,
+                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me, TILE, E_BLOCK, KT,
+                         NWIN, D0_EXP,
                          HAS_REP, HAS_PF, True, False, R)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
@@ -319,7 +321,7 @@ def _merge_kernel(
         use_lbk = k_act & (k <= NT)
         if (k_act | p_act) & (~use_lbk):
             for b0 in range(0, NT * KT, CB):
-                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, KT, CB, wfrow, CD)
+                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, KT, CB, wfrow, CD)
                 d = tl.minimum((M - x) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
@@ -334,12 +336,13 @@ def _merge_kernel(
             nreach = tl.sum(reach.to(tl.int32), axis=0)
             order = tl.sort(tl.where(reach, tt, NT_P2 + tt))
             for b0 in range(0, nreach * KT, CB):
-                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CB, NT_P2)
+                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CB,
+                                            NT_P2)
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         else:
             for b0 in range(0, NT * KT, CB):
-                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, KT, CB, wfrow, CD)
+                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, tdiv, KT, CB, wfrow, CD)
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)

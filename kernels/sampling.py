@@ -168,7 +168,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0=0.25, num_warps=num_warps,
+        wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2, num_warps=num_warps,
         R=min(TILE, 32 * num_warps),
         **cdflags, **common, **extra)
 
@@ -190,7 +190,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
-        NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0=0.25,
+        NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0_EXP=-2,
         num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **cdflags, **common, **extra)
     if not write_probs:
         return tok, logp

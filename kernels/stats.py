@@ -38,6 +38,7 @@ F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
 I_NFIN, I_NPOS, I_NNAN, I_NCAND = (tl.constexpr(i) for i in range(4))
 NF = tl.constexpr(4)
 NI = tl.constexpr(4)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -70,9 +71,9 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, la, beta, me,
+                 rep, pres, freq, tdiv, c2, la, beta, me,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
-                 NWIN: tl.constexpr, D0: tl.constexpr, HAS_REP: tl.constexpr,
+                 NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
                  R: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace.
@@ -80,34 +81,40 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
     offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
                                                TILE, E_BLOCK, HAS_REP, HAS_PF,
                                                arow, la, beta, me, CD, LOCAL)
-    x = xp / tdiv
-    # Blocks with neither NaN nor +inf (all but a few): max x ignores -inf by itself, and z is
-    # NaN exactly when the block holds a NaN or a +inf (or is all -inf, mended below), so the
-    # common path tests no lane for them. Flagged blocks recount exactly.
-    ninf = x > float("-inf")
-    m, lo = tl.reduce((x, tl.where(ninf, x, float("inf"))), 0, _maxmin_combine)
-    z = tl.sum(tl.exp(x - m), axis=0)
-    z = tl.where(m == float("-inf"), 0.0, z)
+    # Statistics in xp (before the temperature): x = fl(xp / T) is monotone in xp, so max, min,
+    # windows and candidates carry over, and no lane divides (the merge divides candidates).
+    # Blocks with neither NaN nor +inf, whose x does not overflow (all but a few): max xp
+    # ignores -inf by itself, and z is NaN exactly when the block holds a NaN or a +inf (or is
+    # all -inf, mended below), so the common path tests no lane for them. Flagged blocks redo
+    # the block exactly on x.
+    vm, lov = tl.reduce((xp, tl.where(xp > float("-inf"), xp, float("inf"))), 0, _maxmin_combine)
+    z = tl.sum(tl.math.exp2((xp - vm) * c2), axis=0)
+    z = tl.where(vm == float("-inf"), 0.0, z)
+    m = vm / tdiv
+    lo = lov / tdiv
     npos = tl.zeros([], tl.int32)
     nnan = tl.zeros([], tl.int32)
-    hmask = ninf
-    if z != z:
+    v = xp
+    if (z != z) | (m == float("inf")) | (lo == float("-inf")):
+        x = xp / tdiv
         fin = tl.abs(x) < float("inf")
         nnan = tl.sum((x != x).to(tl.int32), axis=0)
         npos = tl.sum((x == float("inf")).to(tl.int32), axis=0)
         m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
                           _maxmin_combine)
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
-        hmask = fin
+        v = tl.where(fin, xp, float("-inf"))
+        vm = tl.max(v, axis=0)
+    hmask = v > float("-inf")
 
-    # windows W_j = {finite x : fl(m - x) <= D0 * 2^j} (j < 7), the last one everything finite:
-    # keep the widest window holding <= KT values (none if more than KT lie within D0 of the
-    # max). k = the first window holding x, read off the exponent of d = fl(m - x) / D0 (a
-    # power-of-two scale, exact): k = ceil(log2 d) clamped to [0, 7]. d is monotone in x, so
-    # every window is an upper set. A histogram of k over the finite lanes counts them.
+    # windows W_j = {v : fl(vm - v) <= D0 * 2^j} (j < 7, D0 = 2^D0_EXP), the last one every
+    # counted lane: keep the widest window holding <= KT values (none if more than KT lie
+    # within D0 of the max). k = the first window holding v, read off the exponent of
+    # d = fl(vm - v): k = ceil(log2(d / D0)) clamped to [0, 7]. d is monotone in v, so every
+    # window is an upper set. A histogram of k over the counted lanes counts them.
     tl.static_assert(NWIN == 8)
-    db = ((m - x) * (1.0 / D0)).to(tl.int32, bitcast=True)
-    k = tl.minimum(tl.maximum(((db - 1) >> 23) - 126, 0), NWIN - 1)
+    db = (vm - v).to(tl.int32, bitcast=True)
+    k = tl.minimum(tl.maximum(((db - 1) >> 23) - (126 + D0_EXP), 0), NWIN - 1)
     h = tl.histogram(k, NWIN, mask=hmask)
     # N_j = sum_{i <= j} h_i; the windows with N_j <= KT are a prefix: count them and their
     # lanes, with nfin, in one packed sum
@@ -122,8 +129,8 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
     keep = hmask & (k <= jsel)
     pos = _kept_slots(keep, TILE, R)
     cbase = (row * NT + t) * KT
-    tl.store(cand_ptr + cbase + pos, _pack_cand(x, offs), mask=keep)
-    g = tl.max(tl.where(hmask & (~keep), x, float("-inf")), axis=0)
+    tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
+    g = tl.max(tl.where(keep, float("-inf"), v), axis=0) / tdiv
     kl = tl.arange(0, KT)
     tl.store(cand_ptr + cbase + kl, tl.full([KT], EMPTY_SLOT, tl.int64), mask=kl >= nkeep)
 
@@ -148,7 +155,7 @@ def _stats_kernel(
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
-    D0: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
+    D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -167,12 +174,13 @@ def _stats_kernel(
     la = _param(la_ptr, la_s, row, LA_T)
     beta = _param(beta_ptr, beta_s, row, BETA_T)
     tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
+    c2 = LOG2E / tdiv
 
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
-                                 t, V, rep, pres, freq, tdiv, la, beta, tdiv * 0.0,
-                                 TILE, E_BLOCK, KT, NWIN, D0, HAS_REP, HAS_PF, CD, True, R)
+                                 t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
+                                 TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's
