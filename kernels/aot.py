@@ -26,7 +26,7 @@ F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
                FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True, LA_T=True, BETA_T=True)
 # the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
-GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=16, MAX_ROUNDS=64,
+GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS=64,
             NWIN=8, D0_EXP=-2, L_BLOCK=256, NB=256, INV_W=16.0, LB_BLOCK=256)
 
 
@@ -36,7 +36,8 @@ def _kernel(name):
             "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel}[name]
 
 
-def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", **flags):
+def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", maxnreg=None,
+                    **flags):
     """Compile one constexpr variant of one kernel; returns the CompiledKernel (asm has 'ptx'
     and 'cubin'). Flags default to scalar parameters, top-k + top-p + repetition penalty."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -53,6 +54,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", *
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
+    if maxnreg is not None:  # as the launcher caps stage 1 (kernels.sampling.STATS_REGS)
+        options["maxnreg"] = maxnreg
     if consts["CD"]:  # as the launcher does: the twin rounds (1 + beta) e and beta a apart
         options["enable_fp_fusion"] = False
     sig, constexprs = {}, {}
@@ -98,9 +101,9 @@ VARIANTS = {
     # name: (kernel, flags); the sampling path is history -> stats -> merge
     "history": ("history", dict(num_warps=8)),
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
-    "stats:rep": ("stats", dict(num_warps=4)),
-    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4)),
-    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4)),
+    "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
+    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=64)),
+    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4, maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict()),
     "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True)),
     "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
@@ -108,7 +111,7 @@ VARIANTS = {
     "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True)),
     "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
-    "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4)),
+    "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True)),
     "write_probs:cd": ("write_probs", dict(CD=True, HAS_MINP=True, num_warps=4)),
 }

@@ -24,7 +24,9 @@ from .merge import NS, _merge_kernel, _write_probs_kernel
 from .stats import NF, NI, _stats_kernel
 
 INVALID_TOKEN = -1
-STATS_SLOTS = 5 * 132  # stage-1 programs resident at once on an H100/H200 (4 warps, <= 96 regs)
+SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
+STATS_REGS = 64            # stage 1 is compiled to <= 64 registers (no spills): 8 programs per SM
+STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 regs)
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
 
@@ -83,7 +85,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
                  amateur_logits=None, cd_alpha=0.1, cd_beta=0.5,
-                 tile=None, npiv=16, max_rounds=64, num_warps=None, chunks=None, cand=None):
+                 tile=None, npiv=8, max_rounds=64, num_warps=None, chunks=None, cand=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
     Parameters are already validated by the public layer (gpu_sampler.sample): each is a Python
@@ -169,7 +171,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2, num_warps=num_warps,
-        R=min(TILE, 32 * num_warps),
+        R=min(TILE, 32 * num_warps), maxnreg=STATS_REGS,
         **cdflags, **common, **extra)
 
     if write_probs:

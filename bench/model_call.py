@@ -1,0 +1,20 @@
+"""The fused sampler with the stage-1 chunk plan of a chosen batch size, for
+../shared/tools/gpu_model.py (``fn(logits, input_ids=..., **kw)``).
+
+The model runs 2 of the B rows under the interpreter and spreads their per-program cost over the
+real grid. At B = 2 the launcher splits a row into ~126 one-block programs, so each block pays a
+program's fixed cost (prologue, loop fill) that the real B = 64 grid (13 blocks a program) pays
+once per 13 blocks. Passing ``plan_batch=B`` makes the 2 modelled rows use B's plan, so the
+measured programs are the real ones (docs/notes.md, kernels/README.md):
+
+    python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
+        --case '64,128256,128,{"plan_batch": 64, "top_k": 50, "top_p": 0.9, "temperature": 0.7,
+                               "repetition_penalty": 1.2}'
+"""
+from gpu_sampler.kernels.sampling import fused_sample, plan
+
+
+def sample_plan(logits, input_ids=None, plan_batch=None, **kw):
+    B, V = logits.shape
+    chunks = plan(plan_batch or B, V)["C"]
+    return fused_sample(logits, input_ids=input_ids, chunks=chunks, **kw)
