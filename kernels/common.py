@@ -163,15 +163,26 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
         e1 = tl.load(brow_ptr + NT + t)
         seen = tl.zeros([TILE], dtype=tl.int32)
         cnt = tl.zeros([TILE], dtype=tl.int32)
-        for h0 in range(e0, e1, E_BLOCK):
-            hoffs = h0 + tl.arange(0, E_BLOCK)
-            hin = hoffs < e1
-            code = tl.load(erow_ptr + hoffs, mask=hin, other=0)
-            rel = (code >> 1) - start.to(tl.int32)
-            if HAS_REP:
-                seen += tl.histogram(rel, TILE, mask=hin)
-            if HAS_PF:
-                cnt += tl.histogram(rel, TILE, mask=hin & ((code & 1) == 1))
+        if e1 - e0 <= 2:
+            # a block with one or two edits (most blocks at short histories): compare them
+            # with the lanes rather than build a TILE-bin histogram in shared memory
+            for h in range(e0, e1):
+                code = tl.load(erow_ptr + h)
+                hit = lane == (code >> 1) - start.to(tl.int32)
+                if HAS_REP:
+                    seen += hit.to(tl.int32)
+                if HAS_PF:
+                    cnt += (hit & ((code & 1) == 1)).to(tl.int32)
+        else:
+            for h0 in range(e0, e1, E_BLOCK):
+                hoffs = h0 + tl.arange(0, E_BLOCK)
+                hin = hoffs < e1
+                code = tl.load(erow_ptr + hoffs, mask=hin, other=0)
+                rel = (code >> 1) - start.to(tl.int32)
+                if HAS_REP:
+                    seen += tl.histogram(rel, TILE, mask=hin)
+                if HAS_PF:
+                    cnt += tl.histogram(rel, TILE, mask=hin & ((code & 1) == 1))
         if HAS_REP:
             xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
         if HAS_PF:
