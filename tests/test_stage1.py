@@ -1,0 +1,94 @@
+"""Stage 1 (kernels/stats.py) paths that random rows never take, under the interpreter: blocks
+with NaN / +inf / an x that overflows (the flagged exact recount), all -inf blocks, greedy
+rows whose first maximum is found from the candidates or by re-reading one block, and the
+packed slot scan at full 1024- and 256-token tiles. Each compares with the torch twin."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from test_kernel_v2 import LogitReads, _run, _twin_tokens
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+
+def _same_as_twin(x, **kw):
+    tok, lp = _run(x, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok), (tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    return tok, lp
+
+
+@pytest.mark.parametrize("tile", [1024, 256])
+def test_full_tiles_read_once_and_match_twin(tile, monkeypatch):
+    """The packed slot scan runs at R = 128 threads: 8 rows a thread at 1024-token tiles, 2
+    at 256; a tie group straddling two rows of one thread and -inf lanes in the mix."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 4099, generator=g) * 3
+    x[0, 100:140] = x[0].max() + 1.0          # 40 tied maxima: rows r and r + 1 of the tile
+    x[1, 1500:2600] = float("-inf")           # one whole block and parts of two more
+    ids = torch.randint(0, 4099, (3, 50), generator=g)
+    reads = LogitReads(x, monkeypatch)
+    kw = dict(tile=tile, temperature=0.7, top_k=torch.tensor([50, 3, 0]),
+              top_p=torch.tensor([0.9, 1.0, 0.8]), repetition_penalty=1.2, input_ids=ids,
+              seed=5, offset=torch.arange(3))
+    _same_as_twin(x, **kw)
+    assert reads.bytes == x.numel() * 4
+
+
+def test_flagged_blocks_nan_inf_and_all_minus_inf():
+    """A NaN makes its row invalid, +inf (and an x that overflows) takes the uniform limit
+    over the maximal xp, an all -inf block contributes nothing; the other rows are untouched."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(5, 3000, generator=g) * 3
+    x[0, 1234] = float("nan")
+    x[1, [700, 2900]] = float("inf")
+    x[2, :1024] = float("-inf")
+    x[3, 2000] = 3e38                          # x = xp / 0.7 overflows to +inf
+    x[4, 10] = -3e38                           # x overflows to -inf: not a finite token
+    tok, lp = _same_as_twin(x, tile=1024, temperature=0.7, top_k=20, top_p=0.9, seed=3,
+                            offset=torch.arange(5))
+    assert tok[0] == -1 and tok[1] in (700, 2900) and tok[3] == 2000 and tok[4] != 10
+
+
+def test_every_finite_x_overflows():
+    """T so small that every finite xp / T is +-inf: the row samples uniformly among its
+    maximal xp (the numeric policy), found in one extra pass; an all -inf row is invalid."""
+    x = -torch.rand(3, 2500) - 1.0            # all negative: x = xp / T -> -inf everywhere
+    x[0, [5, 1800]] = -0.5                    # two maximal xp, far apart
+    x[1, 2400] = 2.0                          # one positive xp: x -> +inf
+    x[2] = float("-inf")
+    tok, _ = _same_as_twin(x, tile=1024, temperature=1e-38, top_k=10, seed=1,
+                           offset=torch.arange(3))
+    assert tok[0] in (5, 1800) and tok[1] == 2400 and tok[2] == -1
+
+
+def test_greedy_first_maximum_from_candidates_or_one_block(monkeypatch):
+    """Greedy rows take the first maximal xp: from the stored candidates when the block kept
+    any (no extra read), else by re-reading that one block (> KT tied maxima, or +inf)."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 3000, generator=g)
+    x[0, [2100, 600, 2900]] = 9.0             # maxima in three blocks: the first is 600
+    x[1, 768:1024] = 9.0                      # 256 tied maxima in one 256-token block
+    x[2, [2500, 1700]] = float("inf")
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=256, temperature=0.0, seed=0)
+    assert tok.tolist() == [600, 768, 1700] and torch.equal(lp, torch.zeros(3))
+    assert reads.bytes == x.numel() * 4 + 2 * 256 * 4   # rows 1 and 2 re-read one block
+    tw_tok, _ = _twin_tokens(x, temperature=0.0)
+    assert torch.equal(tok, tw_tok)
+    # with a penalty (not the twin's argmax shortcut) and a top-k that greedy ignores
+    ids = torch.tensor([[600, 5, 6], [768, 7, 8], [1, 2, 3]])
+    _same_as_twin(x, tile=256, temperature=0.0, top_k=5, repetition_penalty=1.5, input_ids=ids)
+
+
+def test_extreme_finite_values_keep_their_windows():
+    """fl(m - x) overflows for finite +-3e38 logits: those lanes still count as finite."""
+    x = torch.zeros(2, 2048)
+    x[0, :1000] = -3.0e38
+    x[0, 1500:1510] = 3.0e38
+    x[1, ::2] = -3.4e38
+    x[1, 1::2] = torch.linspace(-5, 5, 1024)
+    _same_as_twin(x, tile=1024, temperature=1.0, top_k=torch.tensor([1200, 600]), seed=2,
+                  offset=torch.arange(2))
