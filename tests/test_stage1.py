@@ -70,17 +70,18 @@ def test_greedy_first_maximum_from_candidates_or_one_block(monkeypatch):
     g = torch.Generator().manual_seed(13)
     x = torch.randn(3, 3000, generator=g)
     x[0, [2100, 600, 2900]] = 9.0             # maxima in three blocks: the first is 600
-    x[1, 768:1024] = 9.0                      # 256 tied maxima in one 256-token block
+    x[1, 768:1024] = 9.0                      # 256 tied maxima in one block, 64 slots
     x[2, [2500, 1700]] = float("inf")
     reads = LogitReads(x, monkeypatch)
-    tok, lp = _run(x, tile=256, temperature=0.0, seed=0)
+    tok, lp = _run(x, tile=256, cand=64, temperature=0.0, seed=0)
     assert tok.tolist() == [600, 768, 1700] and torch.equal(lp, torch.zeros(3))
     assert reads.bytes == x.numel() * 4 + 2 * 256 * 4   # rows 1 and 2 re-read one block
     tw_tok, _ = _twin_tokens(x, temperature=0.0)
     assert torch.equal(tok, tw_tok)
     # with a penalty (not the twin's argmax shortcut) and a top-k that greedy ignores
     ids = torch.tensor([[600, 5, 6], [768, 7, 8], [1, 2, 3]])
-    _same_as_twin(x, tile=256, temperature=0.0, top_k=5, repetition_penalty=1.5, input_ids=ids)
+    _same_as_twin(x, tile=256, cand=64, temperature=0.0, top_k=5, repetition_penalty=1.5,
+                  input_ids=ids)
 
 
 def test_extreme_finite_values_keep_their_windows():
