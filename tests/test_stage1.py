@@ -50,6 +50,11 @@ def test_flagged_blocks_nan_inf_and_all_minus_inf():
     tok, lp = _same_as_twin(x, tile=1024, temperature=0.7, top_k=20, top_p=0.9, seed=3,
                             offset=torch.arange(5))
     assert tok[0] == -1 and tok[1] in (700, 2900) and tok[3] == 2000 and tok[4] != 10
+    # five tokens with a finite x, the rest finite xp whose x is -inf: top-k 10 keeps the five
+    y = torch.full((2, 3000), -3e38)
+    y[:, [3, 1100, 1101, 2047, 2999]] = torch.tensor([0.5, 1.0, -2.0, 0.25, 3.0])
+    _same_as_twin(y, tile=1024, temperature=0.7, top_k=10, top_p=torch.tensor([1.0, 0.6]),
+                  seed=4, offset=torch.arange(2))
 
 
 def test_every_finite_x_overflows():
