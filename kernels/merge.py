@@ -203,8 +203,10 @@ def _merge_kernel(
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
-    """Reads 10 words per block, the candidates once per search round plus once for the draw
-    (all from L2), and the logits only for fallback rows. Writes the token and logprob (or, with
+    """Reads 8 words per block, the candidates once per search round plus once for the draw
+    (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
+    lies in a block that stored no candidates (one block), and for rows whose x overflowed or
+    has no finite value (one pass for max xp). Writes the token and logprob (or, with
     WRITE_PROBS, the row state that _write_probs_kernel reads).
 
     With CD (contrastive decoding), first: the row's expert max Me = max of the blocks' maxima;

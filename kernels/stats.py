@@ -4,16 +4,24 @@ Grid (B, C): program (row, c) owns the blocks [c * TPC, (c + 1) * TPC) of its ro
 tokens wide. Everything it writes is per *block*, never per program, so what lands in the
 workspace does not depend on the chunk count C (the merge then reduces blocks in index order).
 
-Per block t (finite = not NaN, not +-inf):
+Per block t, with x = fl(xp / T) (finite = not NaN, not +-inf):
     m_t, z_t      max finite x and sum exp(x - m_t)           (online softmax partials)
     lo_t          min finite x                                 (bracket for the fallback search)
-    xpmax_t, i_t  max xp over non-NaN and its first index       (greedy; the overflow rule)
-    nfin, n+inf, nnan   counts
-    candidates    the block's top finite values and their ids, at most KT of them: the
-                  values in the widest window [m_t - D0 * 2^j, m_t] (j < NWIN - 1; the last
-                  window is every finite value) that holds <= KT values, an upper set. Stored
-                  in id order; the rest of the block's KT value slots is -inf.
+    nfin, n+inf, nnan   counts of x
+    candidates    the block's top finite values (xp, and the token id, in one int64 slot), at
+                  most KT of them: the values in the widest window {fl(vm - xp) <= D0 2^j}
+                  (j < NWIN - 1, D0 = 2^D0_EXP; the last window is every finite value) that
+                  holds <= KT values, an upper set. Stored in id order; the rest of the block's
+                  KT slots is -inf.
     g_t           max finite x *not* stored (-inf if every finite value is a candidate)
+
+The block works on xp, before the temperature: x = fl(xp / T) is monotone in xp, so its max,
+min, windows and candidates are those of x, and no lane divides (m_t, lo_t, g_t are divided
+once; the merge divides the candidates it reads). z_t is sum 2^((xp - max xp) log2(e) / T).
+Blocks holding a NaN, a +inf or an xp whose x overflows (z_t NaN, m_t = +inf or lo_t = -inf)
+redo the block exactly on x; no lane of the common path tests for them. The window of a lane
+is read off the exponent of fl(vm - xp), one histogram counts the windows; the slot of a kept
+lane comes from one packed scan over the threads (``_kept_slots``).
 
 Safety (used by the merge): every finite x > G = max_t g_t is a candidate, so any threshold
 tau > G computed on the candidates alone is exact. A block with more than KT values tied at
@@ -26,7 +34,8 @@ its head, and the merge re-reads (``_block_stats`` with the row's max) only bloc
 head holds a token outside the row's head; blocks whose max is outside it are emptied.
 
 Reads: the block (V * s bytes per row in all; + V * s_a of amateur logits with CD) and its own
-history edits; writes 10 words of statistics per block plus 8 bytes per candidate (+2 with CD).
+history edits; writes 8 words of statistics per block plus 8 bytes per candidate slot (KT
+slots a block; +2 words with CD).
 """
 import triton
 import triton.language as tl
