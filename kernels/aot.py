@@ -54,7 +54,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
-    if maxnreg is not None:  # as the launcher caps stage 1 (kernels.sampling.STATS_REGS)
+    if maxnreg is not None:  # as the launcher caps them (kernels.sampling.STATS_REGS / MERGE_REGS)
         options["maxnreg"] = maxnreg
     if consts["CD"]:  # as the launcher does: the twin rounds (1 + beta) e and beta a apart
         options["enable_fp_fusion"] = False
@@ -104,15 +104,15 @@ VARIANTS = {
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=64)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4, maxnreg=64)),
-    "merge:topk+topp+rep": ("merge", dict()),
-    "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True)),
+    "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),
+    "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, maxnreg=128)),
     "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
-                                       logits_dtype="bf16")),
-    "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True)),
+                                       logits_dtype="bf16", maxnreg=128)),
+    "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True, maxnreg=128)),
     "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
-    "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True)),
+    "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),
     "write_probs:cd": ("write_probs", dict(CD=True, HAS_MINP=True, num_warps=4)),
 }
 

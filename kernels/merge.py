@@ -30,36 +30,30 @@ NS = tl.constexpr(5)
 
 
 @triton.jit
-def _slot_block(cand_ptr, row, NT, b0, tdiv, KT: tl.constexpr, CB: tl.constexpr, wfrow,
-                CD: tl.constexpr):
+def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.constexpr,
+                NT_P2: tl.constexpr):
     """CB per-block candidate slots from flat slot b0: (candidate mask, x, token ids). Slots
-    hold xp (stage 1 works before the temperature); x = xp / T here.
-    Stage 1 writes every slot (-inf past a block's candidates). With CD, the slots of a block
-    the merge emptied (its m_t set to -inf: no token of the row's head) are not candidates."""
-    idx = b0 + tl.arange(0, CB).to(tl.int64)
-    slot = row * NT * KT + idx
-    v = tl.load(cand_ptr + slot, mask=idx < NT * KT, other=EMPTY_SLOT)
-    x = _cand_x(v) / tdiv
-    ok = x > float("-inf")
-    if CD:
-        mb = tl.load(wfrow + F_M * NT + idx // KT, mask=ok, other=float("-inf"))
-        ok = ok & (mb > float("-inf"))
-        x = tl.where(ok, x, float("-inf"))
-    return ok, x, _cand_id(v)
+    hold xp (stage 1 works before the temperature); x = xp / T here. Stage 1 writes a block's
+    first ncand_t slots only: the rest (and every slot of a block the merge emptied, CD) is
+    masked, never read."""
+    idx = b0 + tl.arange(0, CB)
+    nb = tl.gather(ncand_t, tl.minimum(idx // KT, NT_P2 - 1), 0)
+    ok = (idx < NT * KT) & (idx % KT < nb)
+    v = tl.load(cand_ptr + row * NT * KT + idx, mask=ok, other=EMPTY_SLOT)
+    return ok, _cand_x(v) / tdiv, _cand_id(v)
 
 
 @triton.jit
-def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT: tl.constexpr,
+def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, ncand_t, KT: tl.constexpr,
                    CB: tl.constexpr, NT_P2: tl.constexpr):
     """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
     them, ascending): (candidate mask, x, token ids)."""
     lane = b0 + tl.arange(0, CB)
-    blk = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0).to(tl.int64)
-    slot = (row * NT + blk) * KT + lane % KT
-    inr = lane < nreach * KT
-    v = tl.load(cand_ptr + slot, mask=inr, other=EMPTY_SLOT)
-    x = _cand_x(v) / tdiv
-    return x > float("-inf"), x, _cand_id(v)
+    blk = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0)
+    ok = (lane < nreach * KT) & (lane % KT < tl.gather(ncand_t, tl.minimum(blk, NT_P2 - 1), 0))
+    slot = (row * NT + blk.to(tl.int64)) * KT + lane % KT
+    v = tl.load(cand_ptr + slot, mask=ok, other=EMPTY_SLOT)
+    return ok, _cand_x(v) / tdiv, _cand_id(v)
 
 
 @triton.jit
@@ -172,7 +166,7 @@ def _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, target,
     if (ncand > 0) & (target < float("inf")):
         kl = tl.arange(0, KT)
         cb = (row * NT + tb) * KT
-        v = tl.load(cand_ptr + cb + kl)
+        v = tl.load(cand_ptr + cb + kl, mask=kl < ncand, other=EMPTY_SLOT)
         idx = tl.min(tl.where(_cand_x(v) == target, _cand_id(v), 2147483647), axis=0)
     else:
         offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, tb, V, rep, pres, freq,
@@ -274,6 +268,7 @@ def _merge_kernel(
     Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
     lmin = tl.min(tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf")), axis=0)
     G = tl.max(tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")), axis=0)
+    ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
     nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
     npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
     npos = tl.sum(npos_t, axis=0)
@@ -323,7 +318,7 @@ def _merge_kernel(
         use_lbk = k_act & (k <= NT)
         if (k_act | p_act) & (~use_lbk):
             for b0 in range(0, NT * KT, CB):
-                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, KT, CB, wfrow, CD)
+                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
                 d = tl.minimum((M - x) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
@@ -338,13 +333,13 @@ def _merge_kernel(
             nreach = tl.sum(reach.to(tl.int32), axis=0)
             order = tl.sort(tl.where(reach, tt, NT_P2 + tt))
             for b0 in range(0, nreach * KT, CB):
-                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CB,
-                                            NT_P2)
+                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv,
+                                            ncand_t, KT, CB, NT_P2)
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         else:
             for b0 in range(0, NT * KT, CB):
-                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, tdiv, KT, CB, wfrow, CD)
+                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)

@@ -27,6 +27,7 @@ INVALID_TOKEN = -1
 SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
 STATS_REGS = 64            # stage 1 is compiled to <= 64 registers (no spills): 8 programs per SM
 STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 regs)
+MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
 
@@ -193,7 +194,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0_EXP=-2,
-        num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **cdflags, **common, **extra)
+        num_warps=merge_warps, maxnreg=MERGE_REGS, R=min(TILE, 32 * merge_warps), **cdflags,
+        **common, **extra)
     if not write_probs:
         return tok, logp
     probs = _alloc((B, V), torch.float32, dev)

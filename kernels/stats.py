@@ -40,7 +40,7 @@ slots a block; +2 words with CD).
 import triton
 import triton.language as tl
 
-from .common import EMPTY_SLOT, _bad_row, _pack_cand, _param, _penalised_tile
+from .common import _bad_row, _pack_cand, _param, _penalised_tile
 
 # workspace field order (float32 [B, 4, NT] and int32 [B, 4, NT])
 F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
@@ -140,8 +140,6 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
     g = tl.max(tl.where(keep, float("-inf"), v), axis=0) / tdiv
-    kl = tl.arange(0, KT)
-    tl.store(cand_ptr + cbase + kl, tl.full([KT], EMPTY_SLOT, tl.int64), mask=kl >= nkeep)
 
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, z)
