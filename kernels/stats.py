@@ -11,8 +11,8 @@ Per block t, with x = fl(xp / T) (finite = not NaN, not +-inf):
     candidates    the block's top finite values (xp, and the token id, in one int64 slot), at
                   most KT of them: the values in the widest window {fl(vm - xp) <= D0 2^j}
                   (j < NWIN - 1, D0 = 2^D0_EXP; the last window is every finite value) that
-                  holds <= KT values, an upper set. Stored in id order; the rest of the block's
-                  KT slots is -inf.
+                  holds <= KT values, an upper set. Stored in id order in the block's first
+                  ncand slots; the merge masks the rest (never written, never read).
     g_t           max finite x *not* stored (-inf if every finite value is a candidate)
 
 The block works on xp, before the temperature: x = fl(xp / T) is monotone in xp, so its max,
@@ -34,8 +34,8 @@ its head, and the merge re-reads (``_block_stats`` with the row's max) only bloc
 head holds a token outside the row's head; blocks whose max is outside it are emptied.
 
 Reads: the block (V * s bytes per row in all; + V * s_a of amateur logits with CD) and its own
-history edits; writes 8 words of statistics per block plus 8 bytes per candidate slot (KT
-slots a block; +2 words with CD).
+history edits; writes 8 words of statistics per block plus 8 bytes per candidate (+2 words
+with CD).
 """
 import triton
 import triton.language as tl
