@@ -18,7 +18,8 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "topk_ptr": "*i64", "topp_ptr": "*fp32", "minp_ptr": "*fp32", "rep_ptr": "*fp32",
        "pres_ptr": "*fp32", "freq_ptr": "*fp32", "seed_ptr": "*i64", "off_ptr": "*i64",
        "tok_ptr": "*i64", "logp_ptr": "*fp32", "probs_ptr": "*fp32", "edits_ptr": "*i32",
-       "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cand_ptr": "*i64", "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
+       "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cand_ptr": "*i64",
+       "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
        "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
        "wc_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
@@ -103,7 +104,8 @@ VARIANTS = {
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=64)),
-    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4, maxnreg=64)),
+    "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4,
+                                       maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),
     "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, maxnreg=128)),
     "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
