@@ -164,7 +164,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     xs = _workspace((B, NT * g["KT"]), torch.float32, dev)
     xi = _workspace((B, NT * g["KT"]), torch.int32, dev)
     if num_warps is None:
-        num_warps = 4  # stage 1 is latency-bound per block: more resident programs per SM
+        num_warps = 4  # stage 1: small programs, 8 resident per SM at <= 64 registers
     common = dict(TEMP_T=flags[1], REP_T=flags[5], PRES_T=flags[6], FREQ_T=flags[7],
                   HAS_REP=has_rep, HAS_PF=has_pf, TILE=TILE, E_BLOCK=e_block)
     # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
