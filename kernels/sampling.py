@@ -57,6 +57,12 @@ def _log_alpha(cd_alpha):
     return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()
 
 
+def _regs(n):
+    """A register cap as a launch option: an NVIDIA compile option, which the interpreter
+    ignores and ROCm's compiler does not take."""
+    return {} if torch.version.hip else {"maxnreg": n}
+
+
 def _workspace(shape, dtype, device):
     """Scratch allocation (never returned); tests swap it for poisoned buffers."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -172,7 +178,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2, num_warps=num_warps,
-        R=min(TILE, 32 * num_warps), maxnreg=STATS_REGS,
+        R=min(TILE, 32 * num_warps), **_regs(STATS_REGS),
         **cdflags, **common, **extra)
 
     if write_probs:
@@ -194,7 +200,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0_EXP=-2,
-        num_warps=merge_warps, maxnreg=MERGE_REGS, R=min(TILE, 32 * merge_warps), **cdflags,
+        num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **_regs(MERGE_REGS), **cdflags,
         **common, **extra)
     if not write_probs:
         return tok, logp
