@@ -137,7 +137,8 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
 
     The history edits of block t are the slice [start_t, end_t) of the row's bucketed edit list
     (kernels/history.py: one int32 per history position, ``id * 2 + counts_for_presence``), so a
-    block reads only its own history entries; tl.histogram turns them into per-slot counts.
+    block reads only its own history entries and turns them into per-slot counts (compared
+    with the lanes when there are one or two, tl.histogram otherwise).
 
     With CD the row is the contrastive score of the expert logits (lrow) and the amateur's
     (arow, one extra read), cut to the head of ``me`` (the row's expert max), or with LOCAL of
