@@ -384,6 +384,12 @@ class StaticKVCache(Cache):
     >>> cache.reset()  # same storage, ready for the next prompt
     """
 
+    # transformers <= 5.17 declares these two as read-only (deprecated) properties of Cache.
+    # Plain class attributes shadow them, so the instance keeps its own values on every 5.x
+    # (found on the first GPU run, which had transformers 5.17: the constructor raised).
+    max_batch_size = None
+    max_cache_len = None
+
     def __init__(self, config, max_batch_size, max_cache_len, dtype=None, device=None):
         for name, v in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

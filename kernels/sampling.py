@@ -13,6 +13,7 @@ C (chunks per row) only changes which program handles which block: every partial
 and merged in block order, so tokens and logprobs are bit-identical for any C and any batch.
 See kernels/README.md for the bounds, the pass counts and the bytes.
 """
+import functools
 import os
 
 import torch
@@ -68,24 +69,38 @@ def _workspace(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _cdiv(a, b):
+    # Plain integer division: triton.cdiv is a jit-wrapped function whose host-side call costs
+    # microseconds, and the first GPU run showed ~70 of them per sample() call dominating it.
+    return -(-a // b)
+
+
 def _chunks(B, nt):
     """Stage-1 programs per row: the least work on the busiest slot, ceil(B C / S) waves of
     ceil(NT / C) blocks plus a program's fixed cost (~1/8 block), then the fewest programs."""
     return min(range(1, nt + 1),
-               key=lambda c: (triton.cdiv(B * c, STATS_SLOTS) * (8 * triton.cdiv(nt, c) + 1), c))
+               key=lambda c: (_cdiv(B * c, STATS_SLOTS) * (8 * _cdiv(nt, c) + 1), c))
 
 
 def plan(B, V, *, tile=None, chunks=None, cand=None):
     """Static launch geometry for a (B, V) call: dict(TILE, NT, NT_P2, KT, CB, C, TPC)."""
+    return dict(_plan(B, V, tile, chunks, cand))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(B, V, tile, chunks, cand):
+    # Cached: a decode loop asks for the same (B, V) every step, and the host time of a call
+    # is what a small batch pays (the kernels at B = 1 are tens of microseconds).
     tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
-    nt = triton.cdiv(V, tile)
-    kt = cand if cand is not None else min(tile, max(64, _next_pow2(triton.cdiv(MIN_CAPACITY, nt))))
+    nt = _cdiv(V, tile)
+    kt = cand if cand is not None else min(tile, max(64, _next_pow2(_cdiv(MIN_CAPACITY, nt))))
     c = chunks if chunks is not None else _chunks(max(B, 1), nt)
     c = max(1, min(int(c), nt))
-    tpc = triton.cdiv(nt, c)
-    c = triton.cdiv(nt, tpc)
+    tpc = _cdiv(nt, c)
+    c = _cdiv(nt, tpc)
     cb = max(kt, min(1024, _next_pow2(nt * kt)))
-    return dict(TILE=tile, NT=nt, NT_P2=max(2, _next_pow2(nt)), KT=kt, CB=cb, C=c, TPC=tpc)
+    return tuple(dict(TILE=tile, NT=nt, NT_P2=max(2, _next_pow2(nt)), KT=kt, CB=cb, C=c,
+                      TPC=tpc).items())
 
 
 def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -152,7 +167,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if has_rep or has_pf:
         ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
         L = ids.shape[1]
-        e_block = max(32, min(256, _next_pow2(triton.cdiv(L, NT))))  # ~ one block's edits
+        e_block = max(32, min(256, _next_pow2(_cdiv(L, NT))))  # ~ one block's edits
         edits = _workspace((B, L), torch.int32, dev)
         bnd = _workspace((B, 2, NT), torch.int32, dev)
         _bucket_history_kernel[(B,)](

@@ -247,3 +247,17 @@ def test_prompt_lookup_decoding_rolls_back_with_crop():
     ref = model.generate(ids, **kw)
     assert torch.equal(model.generate(ids, past_key_values=StaticKVCache(model.config, 1, 40),
                                       **kw), ref)
+
+
+def test_constructs_where_cache_declares_read_only_size_properties(monkeypatch):
+    """transformers <= 5.17 (the GPU machine's version) makes Cache.max_batch_size and
+    Cache.max_cache_len read-only properties; the constructor raised there before the fix."""
+    from transformers.cache_utils import Cache
+
+    monkeypatch.setattr(Cache, "max_batch_size", property(lambda self: -1), raising=False)
+    monkeypatch.setattr(Cache, "max_cache_len", property(lambda self: -1), raising=False)
+    cfg = tiny_model("llama").config
+    cache = StaticKVCache(cfg, max_batch_size=2, max_cache_len=16)
+    assert (cache.max_batch_size, cache.max_cache_len) == (2, 16)
+    cache.grow(32)
+    assert cache.max_cache_len == 32
