@@ -37,6 +37,10 @@ def _layer_plan(config):
         # grows by one per step: the keys must have that same length.
         return [("exact", None) for _ in range(config.num_hidden_layers)]
     layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    if isinstance(layer_kwargs, dict):
+        # transformers <= 5.17 returns one kwargs dict shared by every layer (a list per layer
+        # since); zipping the dict would pair layers with its keys and drop layers.
+        layer_kwargs = [layer_kwargs] * len(layer_types)
     plan = []
     for t, kw in zip(layer_types, layer_kwargs):
         if t == "full_attention":
@@ -428,6 +432,10 @@ class StaticKVCache(Cache):
         Raises ValueError, with nothing changed, for a positive count or a rollback a
         sliding-window ring cannot serve (more than one position once it has wrapped).
         """
+        if isinstance(tokens_to_remove, torch.Tensor) and tokens_to_remove.numel() == 1 \
+                and not tokens_to_remove.is_floating_point() \
+                and tokens_to_remove.dtype != torch.bool:
+            tokens_to_remove = int(tokens_to_remove)  # transformers 5.17's assisted decoding
         for layer in self.layers:
             layer.check_crop(tokens_to_remove)
         super().crop(tokens_to_remove)

@@ -249,6 +249,19 @@ def test_prompt_lookup_decoding_rolls_back_with_crop():
                                       **kw), ref)
 
 
+def test_crop_takes_an_integer_tensor_count():
+    # transformers 5.17's assisted decoding passes the count as a 0-dim tensor.
+    model = tiny_model("llama", seed=4)
+    cache = StaticKVCache(model.config, 1, 40)
+    model(torch.randint(3, 40, (1, 6)), past_key_values=cache)
+    cache.crop(torch.tensor(-2))
+    assert cache.get_seq_length() == 4
+    cache.crop(torch.tensor(0))
+    assert cache.get_seq_length() == 4
+    with pytest.raises(ValueError, match="negative number"):
+        cache.crop(torch.tensor(1.0))
+
+
 def test_constructs_where_cache_declares_read_only_size_properties(monkeypatch):
     """transformers <= 5.17 (the GPU machine's version) makes Cache.max_batch_size and
     Cache.max_cache_len read-only properties; the constructor raised there before the fix."""
@@ -261,3 +274,17 @@ def test_constructs_where_cache_declares_read_only_size_properties(monkeypatch):
     assert (cache.max_batch_size, cache.max_cache_len) == (2, 16)
     cache.grow(32)
     assert cache.max_cache_len == 32
+
+
+def test_layer_plan_reads_shared_layer_kwargs_of_older_transformers(monkeypatch):
+    """transformers <= 5.17 returns one kwargs dict for every layer (a list per layer since):
+    each layer must still get its window (zipping the dict dropped layers there)."""
+    import gpu_sampler.cache as cache_mod
+
+    cfg = tiny_model("mistral").config
+    types = ["sliding_attention"] * cfg.num_hidden_layers
+    monkeypatch.setattr(cache_mod, "get_layer_types_and_kwargs",
+                        lambda config: (types, {"sliding_window": cfg.sliding_window}))
+    cache = StaticKVCache(cfg, max_batch_size=1, max_cache_len=64)
+    assert len(cache.layers) == cfg.num_hidden_layers
+    assert all(layer.sliding_window == cfg.sliding_window for layer in cache.layers)
