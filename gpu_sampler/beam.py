@@ -178,24 +178,28 @@ def _forward_fn(model, cache):
         fwd["logits_to_keep"] = 1
     takes_mask, takes_pos = "attention_mask" in params, "position_ids" in params
 
-    def forward(ids, mask, pos):
+    def forward(ids, mask, pos, token_type_ids=None):
         kw = dict(fwd)
         if takes_mask:
             kw["attention_mask"] = mask
         if takes_pos:
             kw["position_ids"] = pos
+        if token_type_ids is not None:
+            kw["token_type_ids"] = token_type_ids
         return model(input_ids=ids, **kw).logits[:, -1, :].to(torch.float32, copy=True)
     return forward
 
 
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
-                tokenizer=None, seed=None, backend="auto"):
+                tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
     processors: ``input_ids`` / ``attention_mask`` are [B * num_beams, L] (each prompt repeated
-    num_beams times), ``procs`` is transformers' processor list for them. Returns what
+    num_beams times), ``procs`` is transformers' processor list for them; ``position_ids`` and
+    ``token_type_ids`` (same shape, expanded the same way) are the prompt's, as transformers'
+    generate prepared them. Returns what
     ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
     logits, beam_indices, past_key_values).
@@ -252,9 +256,13 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     forward = _forward_fn(model, cache)
     full_mask = torch.ones(N, cache_len, dtype=attention_mask.dtype, device=device)
     full_mask[:, :L] = attention_mask
-    pos = model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask})
-    logits = forward(input_ids, attention_mask, pos)
+    pos = position_ids if position_ids is not None else (
+        model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
+    logits = forward(input_ids, attention_mask, pos, token_type_ids)
     pos = pos[:, -1:] + 1
+    # transformers repeats the last token type for every generated token; the beams of an item
+    # share their prompt, so the column survives every reorder.
+    tt_last = token_type_ids[:, -1:] if token_type_ids is not None else None
 
     all_scores = () if want_scores else None
     raw_logits = () if want_logits else None
@@ -318,7 +326,8 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
                 heuristic_unsat, is_sent_finished, hits, gc.early_stopping)):
             break
         cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
-        logits = forward(running_sequences[:, :, cur_len - 1].reshape(N, 1), full_mask, pos)
+        logits = forward(running_sequences[:, :, cur_len - 1].reshape(N, 1), full_mask, pos,
+                         tt_last)
         pos = pos + 1
 
     sequences = sequences[:, :nrs].reshape(B * nrs, max_length)

@@ -395,8 +395,10 @@ def _beam_search(model, run, logits_processor, stopping_criteria, extras):
         raise NotImplementedError(f"gpu_sampler.generate does not support {unsupported} "
                                   f"with num_beams > 1")
     procs, user_lp = _processors(model, run, logits_processor)
+    mk = run.model_kwargs
     return beam_search(model, run.input_ids, run.mask, run.gc, procs, user_lp, stopping_criteria,
-                       extras.tokenizer, seed=extras.seed)
+                       extras.tokenizer, seed=extras.seed, position_ids=mk["position_ids"],
+                       token_type_ids=mk.get("token_type_ids"))
 
 
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):

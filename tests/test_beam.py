@@ -115,6 +115,25 @@ def test_beam_search_matches_hf(arch_model, case):
     assert torch.equal(plain, ref.sequences)
 
 
+@pytest.mark.parametrize("extra", ["token_type_ids", "position_ids"])
+def test_beam_search_forwards_model_inputs_like_hf(extra):
+    # Every model input that greedy forwards must reach the model under beam search too:
+    # a dropped one gives other tokens, silently.
+    model = tiny_model("gpt2", seed=5)
+    ids, mask = _prompts([7, 4], _seed())
+    g = torch.Generator().manual_seed(_seed())
+    kw = dict(attention_mask=mask, num_beams=2, max_new_tokens=6, do_sample=False,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    if extra == "token_type_ids":
+        kw["token_type_ids"] = torch.randint(0, 3, ids.shape, generator=g)
+    else:
+        kw["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0) + 7
+    ref = model.generate(ids, **kw)
+    _assert_same_output(generate(model, ids, **kw), ref)
+    plain = model.generate(ids, **{k: v for k, v in kw.items() if k != extra})
+    assert not torch.equal(plain.sequences, ref.sequences)  # the input matters here
+
+
 def test_eos_met_early_finishes_like_hf():
     """eos ids taken from the beams themselves, so hypotheses finish mid-way (shorter rows padded
     with transformers' fill value)."""
