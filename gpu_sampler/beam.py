@@ -290,6 +290,11 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         # Stable: equal keys keep (beam, id) order, the lowest flat index first.
         pick = torch.sort(acc_keys, dim=1, descending=True, stable=True).indices[:, :K]
         topk_log_probs = acc.gather(1, pick)
+        if seeds is not None:
+            # Beam sampling: the K drawn continuations are ranked by their scores, as
+            # transformers (>= 5.24) orders its multinomial draws.
+            topk_log_probs, order = topk_log_probs.sort(dim=1, descending=True, stable=True)
+            pick = pick.gather(1, order)
         beam = pick // K
         token = toks.view(B, nb * K).gather(1, pick)
 
