@@ -4,15 +4,20 @@ VENV ?= .venv
 # torch first, from the spec below, so that pip never resolves a multi-GB CUDA build
 # as a dependency of something else. Override on a GPU box: make test TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
+# The transformers the suite is pinned to (generate() supports 5.x; the GPU image runs 5.17):
+# a new minor release renames arguments (5.24: past_key_values -> cache), so CI on a clean
+# clone tests the version the code was checked against. Override: make test HF_SPEC=transformers
+HF_SPEC ?= transformers==5.24.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gpu-sampler-installed
 
 .PHONY: test demo bench gpu-check clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q "$(HF_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[test,demo]"
 	touch $(STAMP)
 

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from gpu_sampler.generation import generate
+from gpu_sampler.hf.generation import generate
 from tests.models import llama_20m
 
 QUICK = bool(os.environ.get("GPU_SAMPLER_BENCH_QUICK"))

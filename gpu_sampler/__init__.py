@@ -2,18 +2,28 @@
 
     sample(logits, ...)                 one token per row (Triton on CUDA, torch twin on CPU)
     sampling_distribution(logits, ...)  the exact [B, V] distribution sample() draws from
+    contrastive_scores(logits, ...)     contrastive-decoding scores; beam_topk(...) the beam step
     StaticKVCache(config, B, max_len)   preallocated, in-place transformers Cache
     generate(model, ...), patch(model)  drop-in for model.generate
+
+The ops import torch only; the transformers integration (gpu_sampler.hf) is imported when one
+of its names is first used, so ``sample()`` alone never loads transformers.
 """
+from .beam import beam_topk
+from .contrastive import contrastive_scores
 from .sampler import sample, sampling_distribution, triton_available
 
 __version__ = "0.1.0"
 
-__all__ = ["sample", "sampling_distribution", "triton_available", "__version__"]
+_HF_NAMES = ("StaticKVCache", "generate", "patch", "unpatch")
 
-try:  # the HF integration layer lands in its own modules
-    from .cache import StaticKVCache  # noqa: F401
-    from .generation import generate, patch, unpatch  # noqa: F401
-    __all__ += ["StaticKVCache", "generate", "patch", "unpatch"]
-except ImportError:  # pragma: no cover - only while those modules are absent
-    pass
+__all__ = ["sample", "sampling_distribution", "contrastive_scores", "beam_topk",
+           "triton_available", "__version__", *_HF_NAMES]
+
+
+def __getattr__(name):
+    # PEP 562: a failing transformers import raises here, at the first use, with its own error.
+    if name in _HF_NAMES:
+        from . import hf
+        return getattr(hf, name)
+    raise AttributeError(f"module 'gpu_sampler' has no attribute {name!r}")

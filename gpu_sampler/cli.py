@@ -125,7 +125,7 @@ def _cmd_generate(args):
     from transformers import TextStreamer
 
     from . import demo
-    from .generation import generate
+    from .hf import generate
 
     kw = _sampling_kwargs(args)
     _check_sampling(kw)
@@ -144,8 +144,10 @@ def _bench_paths(out, device):
     suites = [bench_dir / "test_sampler_bench.py", bench_dir / "test_generate_bench.py"]
     missing = [str(s) for s in suites if not s.is_file()]
     if missing:
-        raise CLIError(f"benchmark suite not found: {', '.join(missing)} (bench needs a source "
-                       "checkout of gpu-sampler)")
+        raise CLIError(f"benchmark suite not found: {', '.join(missing)}. `gpu-sampler bench` "
+                       "runs the pytest-benchmark suites of a source checkout, which the "
+                       "installed package does not ship: clone gpu-sampler, `pip install -e "
+                       "'.[test]'` there and run the command from that checkout")
     out_dir = Path(out) if out else bench_dir / "results"
     json_path = out_dir / f"{device}-{datetime.date.today().isoformat()}.json"
     return suites, json_path
@@ -173,25 +175,34 @@ def bench_command(device, quick, json_path, suites):
     return argv, env
 
 
+def _checkout_report():
+    """bench/report.py of the checkout, loaded from its path (sys.path stays as it is)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sampler_bench_report",
+                                                  REPO / "bench" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _cmd_bench(args):
     from .demo import check_device
 
     device = check_device(args.device).type
+    suites, json_path = _bench_paths(args.out, device)  # first: a wheel has no suites
     try:
         import pytest_benchmark  # noqa: F401
     except ImportError:
         raise CLIError("bench needs pytest-benchmark (pip install pytest-benchmark); on a GPU "
                        "box without it, run `bash bench/gpu_check.sh`") from None
-    suites, json_path = _bench_paths(args.out, device)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     argv, env = bench_command(device, args.quick, json_path, suites)
     print(f"running: python {' '.join(argv[1:])}", flush=True)
     rc = subprocess.call(argv, cwd=REPO, env=env)
     if not json_path.is_file():
         raise CLIError(f"the benchmark run failed (pytest exit status {rc}) and wrote no JSON")
-    sys.path.insert(0, str(REPO / "bench"))
-    import report
-    md, png = report.write_report(json_path)
+    md, png = _checkout_report().write_report(json_path)
     print()
     print(md.read_text())
     print(f"results: {json_path}\ntable:   {md}\nplot:    {png}")

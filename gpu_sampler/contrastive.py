@@ -26,21 +26,26 @@ on the Triton backend (kernels/stats.py, kernels/merge.py: one extra read of the
 [B, V] scores in memory) and from ``contrastive_scores_reference`` on the torch backend, with the
 same float32 arithmetic, so both backends give the same tokens. ``contrastive_scores`` returns
 the scores themselves (Triton kernel ``kernels.contrastive_scores`` or the torch twin).
-``generate(..., amateur_model=...)`` runs the amateur on its own StaticKVCache next to the model
-and hands its logits to ``sample()`` (or, when processors or returned scores need them, these
-scores; ``generation._contrastive_logits``).
+``generate(..., amateur_model=...)`` (gpu_sampler/hf/amateur.py) runs the amateur on its own
+StaticKVCache next to the model and hands its logits to ``sample()`` (or, when processors or
+returned scores need them, these scores).
 """
-import numbers
+from typing import NamedTuple
 
 import torch
 
-from .sampler import _RULES, _f32, _normalise, _param, _pick_backend
+from . import params
+from .params import CD_ALPHA, CD_BETA
 
-__all__ = ["contrastive_scores", "contrastive_scores_reference"]
+__all__ = ["contrastive_scores", "contrastive_scores_reference", "CdArgs", "check_cd_param",
+           "cd_given"]
 
-CD_ALPHA = 0.1
-CD_BETA = 0.5
-_AMATEUR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+class CdArgs(NamedTuple):
+    """sample()'s validated contrastive arguments."""
+    amateur_logits: torch.Tensor
+    alpha: params.Param
+    beta: params.Param
 
 
 def check_cd_param(name, value, B, device, check=True):
@@ -48,17 +53,21 @@ def check_cd_param(name, value, B, device, check=True):
 
     Scalars are rounded to float32 before the range test, so both backends see the same value.
     """
-    return _param(name, value, B, None, device, check)
+    return params.normalise_param(name, value, B, None, device, check)
 
 
-def _given(value, default):
+def cd_given(value, default):
+    """True when a contrastive parameter was passed with a value other than its default."""
     return isinstance(value, torch.Tensor) or value != default
 
 
 def _log_alpha(alpha):
-    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors)."""
+    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors), NaN where
+    cd_alpha is outside [0, 1]: the kernels' rule (kernels/sampling.py), the row is invalid."""
     if isinstance(alpha, torch.Tensor):
-        return torch.log(alpha)
+        return torch.where((alpha >= 0) & (alpha <= 1), torch.log(alpha), float("nan"))
+    if not 0.0 <= alpha <= 1.0:
+        return float("nan")
     return torch.log(torch.tensor(alpha, dtype=torch.float32)).item()
 
 
@@ -90,13 +99,13 @@ def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_b
         s = e.clone()
     else:
         # 1 + beta rounded to float32 once, as the kernel computes it; two roundings, no FMA.
-        s = torch.mul(e, _f32(1.0 + cd_beta))
+        s = torch.mul(e, params.f32(1.0 + cd_beta))
         s.sub_(torch.mul(a, cd_beta))
     s.masked_fill_(~head, ninf)
     bad = M.squeeze(1).isnan() | a.amax(1).isnan()  # amax propagates NaN: one cheap pass
     for name, v in (("cd_alpha", cd_alpha), ("cd_beta", cd_beta)):
         if isinstance(v, torch.Tensor):
-            bad |= _RULES[name][1](v)
+            bad |= params.RULES[name].bad(v)
     return s.masked_fill_(bad[:, None], float("nan"))
 
 
@@ -110,7 +119,7 @@ def _check_amateur(logits, amateur_logits):
     if amateur_logits.device != logits.device:
         raise ValueError(f"amateur_logits must be on the logits' device {logits.device}, got "
                          f"{amateur_logits.device}")
-    if amateur_logits.dtype not in _AMATEUR_DTYPES:
+    if amateur_logits.dtype not in params.FLOAT_DTYPES:
         raise ValueError(f"amateur_logits must be float32/float16/bfloat16, got dtype "
                          f"{amateur_logits.dtype}")
 
@@ -152,14 +161,14 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=CD_ALPHA, cd_beta=CD_
         >>> contrastive_scores(e, a, cd_alpha=0.2, cd_beta=1.0)
         tensor([[3., 4., -inf]])
     """
-    _normalise(logits, {}, None, None, None, None, None, check, backend)
+    params.check_logits(logits, backend)
     _check_amateur(logits, amateur_logits)
     B = logits.shape[0]
     cd_alpha = check_cd_param("cd_alpha", cd_alpha, B, logits.device, check)
     cd_beta = check_cd_param("cd_beta", cd_beta, B, logits.device, check)
     if B == 0:
         return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    if _pick_backend(backend, logits) == "triton":
+    if params.pick_backend(backend, logits) == "triton":
         from . import kernels
         scores = kernels.contrastive_scores(logits, amateur_logits, cd_alpha=cd_alpha,
                                             cd_beta=cd_beta)
@@ -172,17 +181,16 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=CD_ALPHA, cd_beta=CD_
 
 def contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check):
     """``sample()``'s contrastive arguments, validated: None without ``amateur_logits``, else
-    ``(amateur_logits, cd_alpha, cd_beta)`` with the parameters as float32-exact floats or
-    float32 (B,) tensors."""
+    a ``CdArgs`` with the parameters as float32-exact floats or float32 (B,) tensors."""
     if amateur_logits is None:
         for name, v, default in (("cd_alpha", cd_alpha, CD_ALPHA), ("cd_beta", cd_beta, CD_BETA)):
-            if _given(v, default):
+            if cd_given(v, default):
                 raise ValueError(f"{name}={v!r} needs amateur_logits (contrastive decoding)")
         return None
     _check_amateur(logits, amateur_logits)
     B = logits.shape[0]
-    return (amateur_logits, check_cd_param("cd_alpha", cd_alpha, B, logits.device, check),
-            check_cd_param("cd_beta", cd_beta, B, logits.device, check))
+    return CdArgs(amateur_logits, check_cd_param("cd_alpha", cd_alpha, B, logits.device, check),
+                  check_cd_param("cd_beta", cd_beta, B, logits.device, check))
 
 
 def scores_reference(logits, cd, check):
@@ -190,7 +198,7 @@ def scores_reference(logits, cd, check):
     (raising for NaN rows with check=True)."""
     scores = contrastive_scores_reference(logits, *cd)
     if check and bool(scores.isnan().any()):
-        _raise_nan_row(logits, cd[0], scores)
+        _raise_nan_row(logits, cd.amateur_logits, scores)
     return scores
 
 
@@ -199,44 +207,7 @@ def raise_invalid_row(logits, cd, bad, what):
 
     Only runs on the error path, so recomputing the scores here costs nothing that matters.
     """
-    from .sampler import _raise_invalid
     scores = contrastive_scores_reference(logits, *cd)
     if bool(scores.isnan().any()):
-        _raise_nan_row(logits, cd[0], scores)
-    _raise_invalid(scores, bad, what)
-
-
-# ---- generate(..., amateur_model=...) ------------------------------------------------------------
-
-def _vocab_size(model):
-    return getattr(model.config.get_text_config(decoder=True), "vocab_size", None)
-
-
-def pop_generate_args(model, kwargs):
-    """Take ``amateur_model``, ``cd_alpha``, ``cd_beta`` out of generate()'s kwargs.
-
-    Returns None (no amateur) or ``(amateur, cd_alpha, cd_beta)``; raises ValueError for
-    cd_alpha / cd_beta without an amateur, bad values, or vocabularies of different sizes.
-    """
-    amateur = kwargs.pop("amateur_model", None)
-    alpha = kwargs.pop("cd_alpha", CD_ALPHA)
-    beta = kwargs.pop("cd_beta", CD_BETA)
-    if amateur is None:
-        for name, v, default in (("cd_alpha", alpha, CD_ALPHA), ("cd_beta", beta, CD_BETA)):
-            if _given(v, default):
-                raise ValueError(f"{name}={v!r} needs amateur_model (contrastive decoding)")
-        return None
-    if getattr(amateur.config, "is_encoder_decoder", False):
-        raise NotImplementedError("amateur_model must be a decoder-only model")
-    for name, v in (("cd_alpha", alpha), ("cd_beta", beta)):
-        if isinstance(v, torch.Tensor):
-            raise ValueError(f"{name} must be a number in generate(), got a tensor")
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise ValueError(f"{name} must be a number, got {v!r}")
-    alpha = check_cd_param("cd_alpha", alpha, 1, None)
-    beta = check_cd_param("cd_beta", beta, 1, None)
-    ve, va = _vocab_size(model), _vocab_size(amateur)
-    if ve != va:
-        raise ValueError(f"amateur_model has a vocabulary of {va} tokens but model has {ve}: "
-                         f"contrastive decoding needs the same vocabulary in both models")
-    return amateur, alpha, beta
+        _raise_nan_row(logits, cd.amateur_logits, scores)
+    params.raise_invalid_row(bad, lambda r: bool(scores[r].isnan().any()), what)

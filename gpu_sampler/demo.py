@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from .generation import generate  # noqa: E402
+from .hf import generate  # noqa: E402
 from .sampler import sample  # noqa: E402
 
 PROMPTS = [

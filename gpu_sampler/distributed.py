@@ -27,7 +27,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import reference, rng, sampler
+from . import params, reference, rng
 
 _F32 = torch.float32
 _NEG = float("-inf")
@@ -83,9 +83,9 @@ def _fingerprint(v):
     return hash(v) & ((1 << 62) - 1)
 
 
-def _validate_local(local_logits, vocab_start, vocab_size, params, top_k, input_ids, prompt_lens,
+def _validate_local(local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
                     generator, seed, offset, check, backend):
-    """The checks of ``sampler._normalise`` plus the shard arguments; raises ValueError."""
+    """The checks of ``params.normalise`` plus the shard arguments; raises ValueError."""
     for name, v in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name} must be an int, got {v!r}")
@@ -93,26 +93,10 @@ def _validate_local(local_logits, vocab_start, vocab_size, params, top_k, input_
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     if vocab_start < 0:
         raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
-    p, _, prompt_lens, seed, offset = sampler._normalise(
-        local_logits, {**params, "top_k": 0}, None, prompt_lens, generator, seed, offset, check,
-        backend)
-    B = local_logits.shape[0]
-    # k >= V keeps all: clamped against the *global* vocabulary.
-    p["top_k"] = sampler._param("top_k", top_k, B, vocab_size, local_logits.device, check)
-    if input_ids is not None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be a 2-D [B, L] integer tensor, got "
-                             f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
-        if input_ids.shape[0] != B:
-            raise ValueError(f"input_ids must have B={B} rows, got shape {tuple(input_ids.shape)}")
-        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
-        if input_ids.device != local_logits.device:
-            raise ValueError(f"input_ids must be on the logits' device {local_logits.device}, "
-                             f"got {input_ids.device}")
-        if check and input_ids.numel() > 0 and int(input_ids.max()) >= vocab_size:
-            raise ValueError(f"input_ids contains id {int(input_ids.max())}, which is >= the "
-                             f"vocabulary size vocab_size={vocab_size}")
+    # top_k >= V keeps all and history ids must be < V: both against the *global* vocabulary.
+    p, _, prompt_lens, seed, offset = params.normalise(
+        local_logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend,
+        vocab_size=vocab_size)
     return p, prompt_lens, seed, offset
 
 
@@ -163,8 +147,8 @@ def _check_table(table, B):
 
 # ---------------------------------------------------------------- the twin's rules on candidates
 
-class _Config(reference._Switches):
-    """The twin's per-call switches (reference._Switches) plus the first gather width."""
+class _Config(reference.Switches):
+    """The twin's per-call switches (reference.Switches) plus the first gather width."""
     __slots__ = ("C0",)
 
     def __init__(self, V, top_k, top_p, min_p):
@@ -172,7 +156,7 @@ class _Config(reference._Switches):
         kmax_act = 0
         if self.k_any:
             kmax_act = int(torch.where(self.kact, top_k, 0).max()) if self.k_tensor else top_k
-        self.C0 = min(self.K0, max(reference._K0, kmax_act + 1))
+        self.C0 = min(self.K0, max(reference.K0, kmax_act + 1))
 
     def rows(self, v, B, dev):
         """A per-row bool from a scalar switch or a [B] / [B, 1] tensor."""
@@ -246,7 +230,7 @@ def _elementwise_round(shard, rows, overflow, gmx, M, tdiv, cfg, seed, offset, g
     e = torch.exp(y - Mr)
     keep = y > _NEG
     if cfg.mp_on:
-        keep = keep & (e >= _sub(reference._col(cfg.min_p), rows))
+        keep = keep & (e >= _sub(reference.col(cfg.min_p), rows))
     # Overflow rows keep their argmax tie group at value 0 (the T -> 0 limit, GUIDE rule).
     keep = torch.where(of, x == gmx[rows][:, None], keep)
     e = torch.where(of, 1.0, e)
@@ -313,7 +297,7 @@ def _full_rows(shard, rows, group, cdev):
     return full
 
 
-def _run(local_logits, vocab_start, vocab_size, group, params, top_k, input_ids, prompt_lens,
+def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt_lens,
          generator, seed, offset, check, backend, want_draw):
     group = group if group is not None else dist.group.WORLD
     cdev = _comm_device(group, local_logits)
@@ -321,16 +305,14 @@ def _run(local_logits, vocab_start, vocab_size, group, params, top_k, input_ids,
     err, meta = None, []
     try:
         p, prompt_lens, seed, offset = _validate_local(
-            local_logits, vocab_start, vocab_size, params, top_k, input_ids, prompt_lens,
+            local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
             generator, seed, offset, check, backend)
         B, V_local = local_logits.shape
         n_real = max(0, min(V_local, vocab_size - vocab_start))
-        draw_seeds = want_draw and seed is None and sampler._needs_random(p["temperature"])
+        draw_seeds = want_draw and seed is None and params.needs_random(p.temperature)
         meta = [B, vocab_size, vocab_start, n_real, V_local,
                 -1 if input_ids is None else input_ids.shape[1], int(check), int(draw_seeds)]
-        meta += [_fingerprint(p[n]) for n in ("temperature", "top_k", "top_p", "min_p",
-                                               "repetition_penalty", "presence_penalty",
-                                               "frequency_penalty")]
+        meta += [_fingerprint(getattr(p, n)) for n in params.SAMPLING_NAMES]
         meta += [_fingerprint(input_ids), _fingerprint(prompt_lens),
                  _fingerprint(seed if want_draw else None),
                  _fingerprint(offset if want_draw else None)]
@@ -351,34 +333,29 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
     B = local_logits.shape[0]
     dev = local_logits.device
     n_real = int(table[rank, 4])
-    T, k, top_p, min_p = p["temperature"], p["top_k"], p["top_p"], p["min_p"]
-    rp, pres, freq = p["repetition_penalty"], p["presence_penalty"], p["frequency_penalty"]
+    T, k, top_p, min_p = p.temperature, p.top_k, p.top_p, p.min_p
+    rp, pres, freq = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
 
     # ---- local: fp32 copy of the real columns, penalties from the global history ids
     x = local_logits[:, :n_real].to(_F32)
     if input_ids is not None and input_ids.shape[1] > 0 and n_real > 0:
-        has_rep = reference._is_tensor_or(rp, lambda v: v != 1.0)
-        has_pf = (reference._is_tensor_or(pres, lambda v: v != 0.0)
-                  or reference._is_tensor_or(freq, lambda v: v != 0.0))
+        has_rep, has_pf = p.has_repetition(), p.has_presence_frequency()
         if has_rep or has_pf:
             x = x.clone() if x.data_ptr() == local_logits.data_ptr() else x
             g = input_ids.to(torch.int64) - vocab_start
             local_ids = torch.where((g >= 0) & (g < n_real), g, -1)
-            reference._apply_penalties(x, local_ids, prompt_lens if prompt_lens is not None else 0,
-                                       rp, pres, freq, has_rep, has_pf)
+            reference.apply_penalties(x, local_ids, prompt_lens if prompt_lens is not None else 0,
+                                      rp, pres, freq, has_rep, has_pf)
     shard = _Shard(table, rank, vocab_start, x)
 
-    # ---- the twin's row switches (reference._filter)
+    # ---- the twin's row switches (reference's filter)
     no_penalty = input_ids is None or all(
         not isinstance(v, torch.Tensor) and v == off for v, off in ((rp, 1.0), (pres, 0.0),
                                                                     (freq, 0.0)))
     if want_draw and not isinstance(T, torch.Tensor) and T == 0 and no_penalty:
-        # sample_reference's all-greedy fast path checks only these.
-        bad = reference._bad_rows(B, dev, top_k=k, top_p=top_p, min_p=min_p)
+        bad = p.bad_rows()  # T is a number here: the twin's all-greedy fast path
     else:
-        bad = reference._bad_rows(B, dev, temperature=T, top_k=k, top_p=top_p, min_p=min_p,
-                                  repetition_penalty=rp, presence_penalty=pres,
-                                  frequency_penalty=freq)
+        bad = p.bad_rows()
     valid = torch.ones(B, dtype=torch.bool, device=dev) if bad is None else ~bad
     if isinstance(T, torch.Tensor):
         greedy = T == 0
@@ -404,7 +381,7 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
         s_loc = torch.exp(_divide(x, tdiv) - m_loc[:, None]).sum(1)
     seeds_col = torch.zeros(B, 2, dtype=torch.int32, device=dev)
     if draw_seeds:
-        seeds_col = sampler._draw_seeds(B, dev, generator, True).view(torch.int32).view(B, 2)
+        seeds_col = params.draw_seeds(B, dev, generator, True).view(torch.int32).view(B, 2)
     row_stats = torch.cat([_f32_bits(mx)[:, None], arg.to(torch.int32)[:, None],
                        _f32_bits(s_loc)[:, None], seeds_col], 1)
     C = 0 if all_greedy else min(cfg.C0, V)
@@ -589,11 +566,7 @@ def _finish(tok, logp, probs, gvalid, gtok, nanrow, vocab_start, local_logits, s
 def _raise_invalid(valid, nanrow, what):
     bad = ~valid
     if bool(bad.any()):
-        r = int(bad.nonzero()[0, 0])
-        if bool(nanrow[r]):
-            raise ValueError(f"logits row {r} contains NaN")
-        raise ValueError(f"logits row {r} has no finite logit left to {what} (all -inf after "
-                         "penalties, or an invalid per-row parameter)")
+        params.raise_invalid_row(bad, lambda r: bool(nanrow[r]), what)
 
 
 @torch.no_grad()
@@ -635,10 +608,10 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         shard = full[:, r * 500:(r + 1) * 500]
         tok = gsd.sample(shard, vocab_start=r * 500, vocab_size=V, top_k=50, seed=1)
     """
-    params = dict(temperature=temperature, top_p=top_p, min_p=min_p,
+    values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
-    tok, logp, extra = _run(local_logits, vocab_start, vocab_size, group, params, top_k,
+    tok, logp, extra = _run(local_logits, vocab_start, vocab_size, group, values,
                             input_ids, prompt_lens, generator, seed, offset, check, backend, True)
     if check and extra is not None:
         _raise_invalid(extra[1], extra[2], "sample")
@@ -652,10 +625,10 @@ def sampling_distribution(local_logits, *, vocab_start, vocab_size, group=None, 
                           prompt_lens=None, check=True, backend="auto"):
     """This rank's [B, V_local] float32 slice of ``gpu_sampler.sampling_distribution`` of the
     concatenated logits (padding columns are 0). Collective; arguments as ``sample``."""
-    params = dict(temperature=temperature, top_p=top_p, min_p=min_p,
+    values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
-    _, _, extra = _run(local_logits, vocab_start, vocab_size, group, params, top_k, input_ids,
+    _, _, extra = _run(local_logits, vocab_start, vocab_size, group, values, input_ids,
                        prompt_lens, None, None, None, check, backend, False)
     if extra is None:
         return torch.empty(local_logits.shape, dtype=_F32, device=local_logits.device)

@@ -16,50 +16,29 @@ tokens whose xp equals its max xp, uniformly. The max tie group always survives 
 
 No full-vocab sort on the usual paths: everything after the penalties runs on the top-K
 candidates of torch.topk, with K grown only when a row keeps more than K tokens.
+
+This module is the CPU backend of ``sample()`` (``twin_sample``, ``twin_distribution``,
+``twin_processed`` take a ``params.SamplingParams``), the source of generate()'s
+``output_scores`` and, through its public pieces (``Switches``, ``filter_candidates``,
+``apply_penalties``, ``col``), the local step of the vocab-parallel sampler. The
+``*_reference`` functions are the same with keyword parameters, as tests call them.
 """
 import math
 
 import torch
 
 from . import rng
+from .params import SamplingParams
 
-_K0 = 256  # first candidate count when no top-k bounds the kept set
-
-
-def _rows(v, B, dtype, device):
-    if isinstance(v, torch.Tensor):
-        return v.to(dtype=dtype, device=device)
-    return torch.full((B,), v, dtype=dtype, device=device)
+K0 = 256  # first candidate count when no top-k bounds the kept set
 
 
-def _col(v):
+def col(v):
     """A parameter as something that broadcasts against [B, K]: a Python number or [B, 1]."""
     return v[:, None] if isinstance(v, torch.Tensor) else v
 
 
-def _is_tensor_or(v, pred):
-    if isinstance(v, torch.Tensor):
-        return True
-    return pred(v)
-
-
-def _bad_rows(B, dev, **params):
-    """Per-row parameter violations, or None when every parameter is a (validated) scalar."""
-    bad = None
-    inf = float("inf")
-    rules = dict(temperature=lambda v: ~((v >= 0) & (v < inf)), top_k=lambda v: v < 0,
-                 top_p=lambda v: ~((v >= 0) & (v <= 1)), min_p=lambda v: ~((v >= 0) & (v <= 1)),
-                 repetition_penalty=lambda v: ~((v > 0) & (v < inf)),
-                 presence_penalty=lambda v: ~v.isfinite(),
-                 frequency_penalty=lambda v: ~v.isfinite())
-    for name, v in params.items():
-        if isinstance(v, torch.Tensor):
-            b = rules[name](v)
-            bad = b if bad is None else bad | b
-    return bad
-
-
-def _apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
+def apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
     """In-place penalties on the fp32 copy x [B, V], touching only the [B, L] history ids."""
     B, V = x.shape
     L = ids.shape[1]
@@ -75,10 +54,10 @@ def _apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
     vals = x.gather(1, idx)
     new = vals
     if has_rep:
-        r = _col(rp)
+        r = col(rp)
         new = torch.where(vals < 0, vals * r, vals / r)
     if has_pf:
-        out = (torch.arange(L, device=x.device)[None, :] >= _col(plen)).expand(B, L)
+        out = (torch.arange(L, device=x.device)[None, :] >= col(plen)).expand(B, L)
         if valid is not None:
             out = out & valid
         key = torch.arange(B, device=x.device)[:, None] * V + idx
@@ -86,7 +65,7 @@ def _apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
         cnt = torch.zeros(int(inv.max()) + 1, device=x.device).index_add_(
             0, inv.flatten(), out.flatten().to(torch.float32))
         c = cnt[inv]
-        new = new - (torch.where(c > 0, _col(pres), 0.0) + _col(freq) * c)
+        new = new - (torch.where(c > 0, col(pres), 0.0) + col(freq) * c)
     if any_valid is not None:
         new = torch.where(any_valid[:, None], new, vals)
     x.scatter_(1, idx, new)
@@ -119,7 +98,7 @@ def _overflow_rows(x, idx, M, valid, greedy):
     return ovf.nonzero().squeeze(1)
 
 
-class _Switches:
+class Switches:
     """Which filters a call has on, from the normalised parameters (shared with distributed)."""
     __slots__ = ("V", "top_k", "top_p", "min_p", "k_tensor", "kact", "k_any", "K0", "p_on",
                  "p_any", "p_zero", "mp_on")
@@ -132,8 +111,8 @@ class _Switches:
         self.k_any = bool(self.kact.any()) if self.k_tensor else self.kact
         # First candidate count: max(top_k) + 1 (the K-th candidate must be provably dropped).
         self.K0 = (min(V, (int(k.max()) if self.k_tensor else k) + 1) if self.k_any
-                   else min(V, _K0))
-        self.p_on = _col(top_p) < 1.0
+                   else min(V, K0))
+        self.p_on = col(top_p) < 1.0
         self.p_any = bool(self.p_on.any()) if isinstance(self.p_on, torch.Tensor) else self.p_on
         # The max tie group is always kept: its mass above is exactly 0, which is < top_p * z
         # (z >= 1) for any top_p > 0 in float32; only a top_p that is 0 in float32 needs the
@@ -159,7 +138,7 @@ def filter_candidates(vals, sw, z_full):
     """The kept set on one window of sorted candidates: the rules after the temperature.
 
     vals: float32 [B, K], each row descending (-inf padded), already divided by T; sw: the
-    call's _Switches; z_full(): float32 [B] full-row mass sum(exp(x - M)), called only where
+    call's Switches; z_full(): float32 [B] full-row mass sum(exp(x - M)), called only where
     no top-k is active. Returns (keep [B, K] bool, e [B, K] masked exp(x - M), tau_k [B, 1] or
     None, last_dropped [B] bool: the window's last candidate is provably not kept, so no
     token beyond the window can be). The twin calls it on torch.topk windows, the
@@ -190,12 +169,12 @@ def filter_candidates(vals, sw, z_full):
         z = z_full()
     if sw.p_any:
         above = _tie_aware_mass_above(vals, e)
-        kp = keep & (above < _col(sw.top_p) * z[:, None])
+        kp = keep & (above < col(sw.top_p) * z[:, None])
         if sw.p_zero:
             kp = kp | (keep & (above == 0))
         keep = torch.where(sw.p_on, kp, keep) if isinstance(sw.p_on, torch.Tensor) else kp
     if sw.mp_on:
-        keep = keep & (e >= _col(sw.min_p))
+        keep = keep & (e >= col(sw.min_p))
     last_dropped = ~keep[:, -1]
     if tau_k is not None:
         # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).
@@ -210,8 +189,64 @@ class _State:
                  "sampling")
 
 
-def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-            frequency_penalty, input_ids, prompt_lens):
+def _penalised(logits, p, input_ids, prompt_lens):
+    """(fp32 logits after the penalties, whether the tensor is a copy this call owns)."""
+    x = logits.to(torch.float32)
+    owned = x is not logits  # in-place edits need a copy of the caller's tensor
+    if input_ids is None or input_ids.shape[1] == 0:
+        return x, owned
+    has_rep, has_pf = p.has_repetition(), p.has_presence_frequency()
+    if has_rep or has_pf:
+        if not owned:
+            x, owned = x.clone(), True
+        plen = prompt_lens if prompt_lens is not None else 0
+        apply_penalties(x, input_ids.to(torch.int64), plen, p.repetition_penalty,
+                        p.presence_penalty, p.frequency_penalty, has_rep, has_pf)
+    return x, owned
+
+
+def _greedy_rows(st, p, B, dev):
+    """Greedy rows (T == 0) take the argmax; returns True when every row is greedy."""
+    T = p.temperature
+    if isinstance(T, torch.Tensor):
+        greedy = T == 0
+        any_greedy, all_greedy = bool(greedy.any()), bool(greedy.all())
+    else:
+        greedy = torch.full((B,), T == 0, device=dev) if T == 0 else None
+        any_greedy = all_greedy = T == 0
+    st.greedy_tok = None
+    bad = p.bad_rows()
+    # valid / greedy stay None on the common path (scalar T > 0, scalar parameters).
+    valid = None if bad is None else ~bad
+    if greedy is not None and valid is None:
+        valid = torch.ones(B, dtype=torch.bool, device=dev)
+    if any_greedy:
+        st.greedy_tok = st.x.argmax(1)
+        top = st.x.gather(1, st.greedy_tok[:, None]).squeeze(1)  # NaN wins argmax, like torch
+        gvalid = ~top.isnan() & (top > float("-inf"))
+        valid = torch.where(greedy, valid & gvalid, valid)
+    st.greedy, st.valid = greedy, valid
+    return all_greedy
+
+
+def _limit_overflow(st, idx, M, tdiv, owned):
+    """Rows whose x = xp / T overflowed take the limit T -> 0 (the argmax tie group of xp):
+    (new tdiv, owned) after rewriting them, or None when no row overflowed."""
+    r = _overflow_rows(st.x, idx, M, st.valid, st.greedy)
+    if r is None:
+        return None
+    B = st.x.shape[0]
+    if not owned:
+        st.x = st.x.clone()
+    if not isinstance(tdiv, torch.Tensor):
+        tdiv = torch.full((B, 1), tdiv, device=st.x.device)
+    xr = st.x[r]
+    st.x[r] = torch.where(xr == xr.gather(1, idx[r, :1]), 0.0, float("-inf"))
+    tdiv[r] = 1.0
+    return tdiv, True
+
+
+def _filter(logits, p, input_ids, prompt_lens):
     """Penalties, temperature, then the kept set as a mask over the top-K candidates.
 
     K starts at max(top_k) + 1 (or 256) and grows x4 until, on every sampling row, the K-th
@@ -220,73 +255,29 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     topk; a row that keeps most of the vocabulary ends with K = V (a full sort).
     """
     B, V = logits.shape
-    dev = logits.device
-    f32 = torch.float32
     st = _State()
-    x = logits.to(f32)
-    owned = x is not logits  # in-place edits need a copy of the caller's tensor
-    bad = _bad_rows(B, dev, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                    frequency_penalty=frequency_penalty)
-
-    if input_ids is not None and input_ids.shape[1] > 0:
-        has_rep = _is_tensor_or(repetition_penalty, lambda v: v != 1.0)
-        has_pf = (_is_tensor_or(presence_penalty, lambda v: v != 0.0)
-                  or _is_tensor_or(frequency_penalty, lambda v: v != 0.0))
-        if has_rep or has_pf:
-            if not owned:
-                x, owned = x.clone(), True
-            plen = prompt_lens if prompt_lens is not None else 0
-            _apply_penalties(x, input_ids.to(torch.int64), plen, repetition_penalty,
-                             presence_penalty, frequency_penalty, has_rep, has_pf)
-
-    T = temperature
-    if isinstance(T, torch.Tensor):
-        greedy = T == 0
-        any_greedy, all_greedy = bool(greedy.any()), bool(greedy.all())
-    else:
-        greedy = torch.full((B,), T == 0, device=dev) if T == 0 else None
-        any_greedy = all_greedy = T == 0
-    st.greedy_tok = None
-    # valid / greedy stay None on the common path (scalar T > 0, scalar parameters).
-    valid = None if bad is None else ~bad
-    if greedy is not None and valid is None:
-        valid = torch.ones(B, dtype=torch.bool, device=dev)
-    if any_greedy:
-        st.greedy_tok = x.argmax(1)
-        top = x.gather(1, st.greedy_tok[:, None]).squeeze(1)  # NaN wins argmax, like torch
-        gvalid = ~top.isnan() & (top > float("-inf"))
-        valid = torch.where(greedy, valid & gvalid, valid)
-    st.x, st.greedy, st.valid = x, greedy, valid
-    if all_greedy:
-        st.sampling = torch.zeros(B, dtype=torch.bool, device=dev)
+    st.x, owned = _penalised(logits, p, input_ids, prompt_lens)
+    if _greedy_rows(st, p, B, logits.device):
+        st.sampling = torch.zeros(B, dtype=torch.bool, device=logits.device)
         return st
+    T, valid, greedy = p.temperature, st.valid, st.greedy
     # Positive scaling keeps each row's order, so topk runs on xp and only the candidates are
     # divided; a tie the division creates at the k-th value keeps the last candidate, and K grows.
     # Scalars stay Python numbers: at small B the cost is the number of torch calls.
     tdiv = torch.where(~valid | greedy, 1.0, T)[:, None] if isinstance(T, torch.Tensor) else float(T)
-
-    sw = _Switches(V, top_k, top_p, min_p)
-    K = sw.K0
-    z_full = None
+    sw = Switches(V, p.top_k, p.top_p, p.min_p)
+    K, z_full = sw.K0, None
     while True:
-        vals, idx = torch.topk(x, K, dim=1)
+        vals, idx = torch.topk(st.x, K, dim=1)
         if isinstance(tdiv, torch.Tensor) or tdiv != 1.0:
             vals = vals / tdiv
         M = vals[:, 0]
         # One reduction flags any non-finite M (a sum that merely overflows only costs the
-        # exact per-row test below): overflowed rows, and also NaN / dead rows.
+        # exact per-row test): overflowed rows, and also NaN / dead rows.
         if not math.isfinite(M.sum().item()):
-            r = _overflow_rows(x, idx, M, valid, greedy)
-            if r is not None:
-                # x = xp / T overflowed: the limit T -> 0 keeps the argmax tie group of xp.
-                if not owned:
-                    x, owned = x.clone(), True
-                if not isinstance(tdiv, torch.Tensor):
-                    tdiv = torch.full((B, 1), tdiv, device=dev)
-                xr = x[r]
-                x[r] = torch.where(xr == xr.gather(1, idx[r, :1]), 0.0, float("-inf"))
-                tdiv[r] = 1.0
+            redo = _limit_overflow(st, idx, M, tdiv, owned)
+            if redo is not None:
+                tdiv, owned = redo
                 continue
         sampling = M > float("-inf")  # False for NaN rows too
         if valid is not None:
@@ -294,6 +285,7 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
         if greedy is not None:
             sampling = sampling & ~greedy
         if z_full is None:
+            x = st.x
             z_full = _Lazy(lambda: torch.exp(torch.logsumexp(x / tdiv, 1)
                                              - torch.where(sampling, M, 0.0)))
         keep, e, tau_k, last_dropped = filter_candidates(vals, sw, z_full)
@@ -311,38 +303,33 @@ def _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presen
     return st
 
 
+def _all_greedy_argmax(logits, p):
+    """All-greedy without penalties (generate()'s greedy step): no fp32 copy, four ops."""
+    tok = logits.argmax(1)
+    top = logits.gather(1, tok[:, None]).squeeze(1)
+    ok = ~top.isnan() & (top > float("-inf"))
+    bad = p.bad_rows()
+    if bad is not None:
+        ok &= ~bad
+    return torch.where(ok, tok, -1), torch.where(ok, 0.0, float("-inf"))
+
+
 @torch.no_grad()
-def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                     repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                     input_ids=None, prompt_lens=None, seed=0, offset=0):
-    """Torch twin of ``kernels.fused_sample``: (tokens int64 [B], logprobs float32 [B])."""
+def twin_sample(logits, p, input_ids=None, prompt_lens=None, seed=0, offset=0):
+    """Torch twin of ``kernels.fused_sample``: (tokens int64 [B], logprobs float32 [B]) for
+    normalised ``p`` (a ``SamplingParams``)."""
     B, V = logits.shape
     dev = logits.device
-    no_penalty = input_ids is None or all(
-        not isinstance(v, torch.Tensor) and v == off
-        for v, off in ((repetition_penalty, 1.0), (presence_penalty, 0.0), (frequency_penalty, 0.0)))
-    if not isinstance(temperature, torch.Tensor) and temperature == 0 and no_penalty:
-        # All-greedy without penalties (generate()'s greedy step): no fp32 copy, four ops.
-        tok = logits.argmax(1)
-        top = logits.gather(1, tok[:, None]).squeeze(1)
-        ok = ~top.isnan() & (top > float("-inf"))
-        bad = _bad_rows(B, dev, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                        frequency_penalty=frequency_penalty)
-        if bad is not None:
-            ok &= ~bad
-        return torch.where(ok, tok, -1), torch.where(ok, 0.0, float("-inf"))
-    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, input_ids, prompt_lens)
+    no_penalty = input_ids is None or not (p.has_repetition() or p.has_presence_frequency())
+    if not isinstance(p.temperature, torch.Tensor) and p.temperature == 0 and no_penalty:
+        return _all_greedy_argmax(logits, p)
+    st = _filter(logits, p, input_ids, prompt_lens)
     tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
     logp = torch.full((B,), float("-inf"), device=dev)
     if st.greedy is None or bool(st.sampling.any()):
         g = rng.gumbel_rows(seed, offset, st.idx)
         score = torch.where(st.keep, (st.vals - st.M[:, None]) + g, float("-inf"))
-        # Candidates are in value order; on an exact score tie the kernel takes the lowest id.
-        best = score.amax(1, keepdim=True)
-        j = torch.where(score == best, st.idx, V).argmin(1, keepdim=True)
-        t = st.idx.gather(1, j).squeeze(1)
+        t, j = rng.first_best(score, st.idx, V)
         lp = (st.vals.gather(1, j).squeeze(1) - st.M) - torch.log(st.e.sum(1))
         tok = torch.where(st.sampling, t, tok)
         logp = torch.where(st.sampling, lp, logp)
@@ -354,13 +341,10 @@ def sample_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
 
 
 @torch.no_grad()
-def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                    repetition_penalty=1.0, presence_penalty=0.0,
-                                    frequency_penalty=0.0, input_ids=None, prompt_lens=None):
+def twin_distribution(logits, p, input_ids=None, prompt_lens=None):
     """Torch twin of the distribution ``fused_sample(write_probs=True)`` writes: float32 [B, V]."""
     B, V = logits.shape
-    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, input_ids, prompt_lens)
+    st = _filter(logits, p, input_ids, prompt_lens)
     probs = torch.zeros(B, V, device=logits.device)
     if bool(st.sampling.any()):
         z = st.e.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
@@ -372,17 +356,29 @@ def sampling_distribution_reference(logits, *, temperature=1.0, top_k=0, top_p=1
 
 
 @torch.no_grad()
-def processed_logits_reference(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                               repetition_penalty=1.0, presence_penalty=0.0,
-                               frequency_penalty=0.0, input_ids=None, prompt_lens=None):
+def twin_processed(logits, p, input_ids=None, prompt_lens=None):
     """float32 [B, V] processed scores, as transformers' ``output_scores`` reports them:
     xp / T on the kept tokens and -inf elsewhere; greedy rows (T == 0) get the penalised xp
     with nothing filtered (HF applies no warpers when it does not sample)."""
     B, V = logits.shape
-    st = _filter(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, input_ids, prompt_lens)
+    st = _filter(logits, p, input_ids, prompt_lens)
     if not bool(st.sampling.any()):
         return st.x
     out = torch.full((B, V), float("-inf"), device=logits.device)
     out.scatter_(1, st.idx, torch.where(st.keep, st.vals, float("-inf")))
     return torch.where(st.sampling[:, None], out, st.x)
+
+
+def sample_reference(logits, *, input_ids=None, prompt_lens=None, seed=0, offset=0, **values):
+    """``twin_sample`` with the seven parameters as keywords (already normalised values)."""
+    return twin_sample(logits, SamplingParams(**values), input_ids, prompt_lens, seed, offset)
+
+
+def sampling_distribution_reference(logits, *, input_ids=None, prompt_lens=None, **values):
+    """``twin_distribution`` with the seven parameters as keywords (normalised values)."""
+    return twin_distribution(logits, SamplingParams(**values), input_ids, prompt_lens)
+
+
+def processed_logits_reference(logits, *, input_ids=None, prompt_lens=None, **values):
+    """``twin_processed`` with the seven parameters as keywords (normalised values)."""
+    return twin_processed(logits, SamplingParams(**values), input_ids, prompt_lens)

@@ -119,3 +119,12 @@ def gumbel_rows(seed, offset, ids):
     u = torch.from_numpy(((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5))
                          * np.float32(1.0 / 16777216.0))
     return -torch.log(-torch.log(u))
+
+
+def first_best(score, ids, V):
+    """The draw's tie rule, once for every torch path: per row, the id of the largest score,
+    the lowest id among exact ties (what the kernels do). ``score``, ``ids`` [B, K] (scores of
+    the candidates ``ids``, any order), V > every id. Returns (token [B], column [B, 1])."""
+    best = score.amax(1, keepdim=True)
+    j = torch.where(score == best, ids, V).argmin(1, keepdim=True)
+    return ids.gather(1, j).squeeze(1), j

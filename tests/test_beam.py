@@ -6,10 +6,10 @@ from scipy import stats
 from torch.nn import functional as F
 from transformers.generation import logits_process as lp
 
-import gpu_sampler.sampler
+import gpu_sampler.params
 from gpu_sampler.beam import beam_topk, beam_topk_reference
-from gpu_sampler.cache import StaticKVCache
-from gpu_sampler.generation import generate
+from gpu_sampler.hf.cache import StaticKVCache
+from gpu_sampler.hf.generation import generate
 from tests.conftest import BACKENDS
 from tests.models import tiny_model
 from tests.test_generate import _BanMultiplesOf, _Recorder, _prompts, _seed
@@ -172,7 +172,7 @@ def test_kernel_in_the_loop_matches_hf(monkeypatch):
     """The Triton step (interpreter on CPU) inside generate: same tokens as transformers."""
     if "triton" not in BACKENDS:
         pytest.skip("needs triton")
-    monkeypatch.setattr(gpu_sampler.sampler, "_pick_backend", lambda backend, logits: "triton")
+    monkeypatch.setattr(gpu_sampler.params, "pick_backend", lambda backend, logits: "triton")
     model = tiny_model("llama", seed=3, vocab_size=96)
     ids, mask = _prompts([5, 3], _seed(), vocab=96)
     kw = dict(num_beams=2, max_new_tokens=4, do_sample=False, repetition_penalty=1.4,

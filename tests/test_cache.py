@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gpu_sampler.cache import StaticKVCache
+from gpu_sampler.hf.cache import StaticKVCache
 from tests.models import ARCHS, tiny_model
 
 
@@ -104,7 +104,7 @@ def _states(b, n, seed, heads=2, dim=8):
 def test_sliding_ring_returns_what_transformers_static_sliding_layer_returns(chunks):
     from transformers.cache_utils import StaticSlidingWindowLayer
 
-    from gpu_sampler.cache import StaticSlidingKVLayer
+    from gpu_sampler.hf.cache import StaticSlidingKVLayer
 
     window = 4
     ours = StaticSlidingKVLayer(max_batch_size=2, max_cache_len=64, sliding_window=window)
@@ -279,7 +279,7 @@ def test_constructs_where_cache_declares_read_only_size_properties(monkeypatch):
 def test_layer_plan_reads_shared_layer_kwargs_of_older_transformers(monkeypatch):
     """transformers <= 5.17 returns one kwargs dict for every layer (a list per layer since):
     each layer must still get its window (zipping the dict dropped layers there)."""
-    import gpu_sampler.cache as cache_mod
+    import gpu_sampler.hf.cache as cache_mod
 
     cfg = tiny_model("mistral").config
     types = ["sliding_attention"] * cfg.num_hidden_layers

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from gpu_sampler.cache import StaticKVCache
+from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.tiny import seeded_random_model
 
 VOCAB = 300
@@ -176,7 +176,7 @@ def test_layer_types_without_a_static_kv_form_refused_naming_the_model():
 def test_gpu_sampler_generate_matches_transformers(models, name):
     # gpu_sampler.generate builds its own StaticKVCache and passes the 2-D mask the cache asks
     # for (attention_mask_length): ALiBi, sliding and GPT-Neo local layers all come out exact.
-    from gpu_sampler.generation import generate
+    from gpu_sampler.hf.generation import generate
 
     model = models(name)
     ids, mask = _prompts(3, 9, seed=21)

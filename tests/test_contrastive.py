@@ -8,7 +8,7 @@ from transformers import DynamicCache
 import gpu_sampler
 from conftest import BACKENDS, DEVICE
 from gpu_sampler.contrastive import contrastive_scores, contrastive_scores_reference
-from gpu_sampler.generation import generate
+from gpu_sampler.hf.generation import generate
 from hf_reference import assert_matches_hf, assert_same_distribution
 from tests.models import tiny_model
 

@@ -8,8 +8,8 @@ from transformers.generation import logits_process as lp
 from transformers.generation.streamers import BaseStreamer
 
 import gpu_sampler
-from gpu_sampler.cache import StaticKVCache
-from gpu_sampler.generation import generate, patch, unpatch
+from gpu_sampler.hf.cache import StaticKVCache
+from gpu_sampler.hf.generation import generate, patch, unpatch
 from tests.models import ARCHS, tiny_model, train_tokenizer
 
 V = 1000
@@ -299,13 +299,13 @@ def test_patch_unpatch(monkeypatch):
     ids, mask = _prompts([4, 2], _seed())
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
     calls = []
-    real = gpu_sampler.generation.sample
+    real = gpu_sampler.hf.generation.sample
 
     def spy(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(gpu_sampler.generation, "sample", spy)
+    monkeypatch.setattr(gpu_sampler.hf.generation, "sample", spy)
     patch(model)
     patch(model)  # idempotent
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=5,
@@ -342,7 +342,7 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
 
 def test_buffers_double_between_steps(monkeypatch):
     """A huge max_new_tokens allocates a bounded start and doubles it; tokens stay exact."""
-    import gpu_sampler.generation as gen
+    import gpu_sampler.hf.generation as gen
 
     model = tiny_model("gpt2", seed=19)
     monkeypatch.setattr(gen, "_INITIAL_NEW_POSITIONS", 3)

@@ -304,7 +304,7 @@ def test_kernel_and_twin_agree_on_invalid_rows_and_wrapped_seeds():
 # --- generate() and the CLI --------------------------------------------------------------------
 
 def test_generate_seed_policy():
-    from gpu_sampler.generation import generate
+    from gpu_sampler.hf.generation import generate
     from models import tiny_model
     model = tiny_model("llama", seed=0, vocab_size=300)
     ids = torch.randint(3, 300, (2, 5), generator=torch.Generator().manual_seed(0))

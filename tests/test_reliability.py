@@ -290,7 +290,7 @@ def _gen_setup():
 
 
 def test_generate_no_memory_growth_over_200_calls():
-    from gpu_sampler.generation import generate
+    from gpu_sampler.hf.generation import generate
     model, ids = _gen_setup()
     kw = dict(max_new_tokens=2, min_new_tokens=2, do_sample=True, top_k=20, seed=1)
     for _ in range(20):
@@ -303,7 +303,7 @@ def test_generate_no_memory_growth_over_200_calls():
 
 
 def test_generate_two_threads_match_sequential():
-    from gpu_sampler.generation import generate
+    from gpu_sampler.hf.generation import generate
     model, ids = _gen_setup()
     kws = [dict(max_new_tokens=8, do_sample=True, temperature=0.9, seed=s) for s in (5, 6)]
     expect = [generate(model, ids, **kw) for kw in kws]
@@ -315,7 +315,7 @@ _GEN_CHILD = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from models import tiny_model
-from gpu_sampler.generation import generate
+from gpu_sampler.hf.generation import generate
 model = tiny_model("llama", seed=0, vocab_size=300)
 ids = torch.randint(3, 300, (2, 6), generator=torch.Generator().manual_seed(0))
 out = generate(model, ids, max_new_tokens=8, do_sample=True, top_p=0.9, seed=77)
@@ -324,7 +324,7 @@ print(",".join(map(str, out.flatten().tolist())))
 
 
 def test_generate_same_seed_across_processes():
-    from gpu_sampler.generation import generate
+    from gpu_sampler.hf.generation import generate
     code = _GEN_CHILD.format(tests=os.path.dirname(__file__))
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": "7"}).stdout

@@ -3,7 +3,7 @@
 Configuration and inputs are resolved exactly as transformers 5.x does it (the model's own
 helpers for config priority, inputs / inputs_embeds, special tokens, masks, positions, lengths,
 processors and stopping criteria), then one prefill and a decode loop. The loop runs on an
-internal :class:`~gpu_sampler.cache.StaticKVCache` that stands in for transformers' default
+internal :class:`~gpu_sampler.hf.cache.StaticKVCache` that stands in for transformers' default
 ``DynamicCache`` (and is converted to one when returned), or on the cache transformers would use
 (a passed ``past_key_values``, ``cache_implementation="static"``, ...). Penalties, temperature,
 top-k, top-p, min-p and the draw happen in one ``sample()`` call per step; transformers' other
@@ -23,10 +23,14 @@ from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .. import params as sampling_params
+from ..contrastive import contrastive_scores
+from ..reference import processed_logits_reference
+from ..sampler import sample
+from .amateur import pop_generate_args
 from .cache import StaticKVCache
-from .contrastive import contrastive_scores, pop_generate_args
-from .reference import processed_logits_reference
-from .sampler import int64_seed, sample
+from . import compat
+from .common import MASKS, is_in, prompt_history_mask
 
 __all__ = ["generate", "patch", "unpatch"]
 
@@ -34,9 +38,6 @@ __all__ = ["generate", "patch", "unpatch"]
 # checks no step synchronises; steps run after every row finished are trimmed from the output.
 _CHECK_EVERY = 8
 
-# Pure -inf masks: they commute with the repetition penalty (a masked -inf stays -inf).
-_MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
-          lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor)
 # Warpers fused into sample(), in transformers' order.
 _WARPERS = ((lp.TemperatureLogitsWarper, "temperature"), (lp.TopKLogitsWarper, "top_k"),
             (lp.TopPLogitsWarper, "top_p"), (lp.MinPLogitsWarper, "min_p"))
@@ -74,14 +75,10 @@ _UNSUPPORTED_CONFIG = (
 )
 _UNSUPPORTED_ARGS = ("assistant_tokenizer",)
 # Model inputs generate() forwards to the model besides the prompt and its attention mask.
-_MODEL_INPUTS = ("past_key_values", "inputs_embeds", "position_ids", "token_type_ids",
+_MODEL_INPUTS = ("past_key_values", "cache", "inputs_embeds", "position_ids", "token_type_ids",
                  "logits_to_keep", "input_ids", "output_attentions", "output_hidden_states")
 # New positions the buffers hold before the first doubling.
 _INITIAL_NEW_POSITIONS = 256
-
-
-def _is_in(obj, items):
-    return any(obj is x for x in items)
 
 
 def _plan_processors(procs, user, do_sample):
@@ -92,12 +89,12 @@ def _plan_processors(procs, user, do_sample):
     """
     for p in procs:
         name = type(p).__name__
-        if not _is_in(p, user) and name in _UNSUPPORTED_PROCESSORS:
+        if not is_in(p, user) and name in _UNSUPPORTED_PROCESSORS:
             raise NotImplementedError(
                 f"gpu_sampler.generate does not support `{_UNSUPPORTED_PROCESSORS[name]}` "
                 f"({name}); use model.generate for it")
-        if not _is_in(p, user) and not isinstance(
-                p, _MASKS + _TORCH_ONLY + (lp.RepetitionPenaltyLogitsProcessor,)
+        if not is_in(p, user) and not isinstance(
+                p, MASKS + _TORCH_ONLY + (lp.RepetitionPenaltyLogitsProcessor,)
                 + tuple(c for c, _ in _WARPERS)):
             raise NotImplementedError(f"gpu_sampler.generate does not support the logits processor "
                                       f"{name} that the generation config enables")
@@ -107,13 +104,13 @@ def _plan_processors(procs, user, do_sample):
     while cut > 0 and do_sample:
         p = procs[cut - 1]
         r = next((i for i, (c, _) in enumerate(_WARPERS) if type(p) is c), None)
-        if r is None or r >= rank or _is_in(p, user) or getattr(p, "min_tokens_to_keep", 1) != 1:
+        if r is None or r >= rank or is_in(p, user) or getattr(p, "min_tokens_to_keep", 1) != 1:
             break
         fused[_WARPERS[r][1]] = getattr(p, _WARPERS[r][1])
         rank, cut = r, cut - 1
     head = list(procs[:cut])
-    pure = all(isinstance(p, _MASKS) or (type(p) is lp.RepetitionPenaltyLogitsProcessor
-                                         and not _is_in(p, user)) for p in head)
+    pure = all(isinstance(p, MASKS) or (type(p) is lp.RepetitionPenaltyLogitsProcessor
+                                         and not is_in(p, user)) for p in head)
     if pure:
         for p in head:
             if type(p) is lp.RepetitionPenaltyLogitsProcessor:
@@ -130,19 +127,6 @@ def _check_extra(name, value):
     if value in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
-
-
-def _row_seeds(seed, B, device):
-    if isinstance(seed, torch.Tensor):
-        if seed.dim() != 1 or seed.shape[0] != B or seed.dtype.is_floating_point:
-            raise ValueError(f"seed must be an int or an integer tensor of shape [{B}] (one per "
-                             f"output row), got shape {tuple(seed.shape)} {seed.dtype}")
-        return seed.to(device=device, dtype=torch.int64)
-    # Rows get distinct streams (num_return_sequences copies of a prompt must differ): seed + row,
-    # under sample()'s seed policy (64 bits, wrapping).
-    base = int64_seed(seed)  # ValueError naming seed unless an int in [-2**63, 2**64)
-    return torch.tensor([int64_seed((base + i) % 2 ** 64) for i in range(B)], device=device,
-                        dtype=torch.int64)
 
 
 @torch.no_grad()
@@ -200,7 +184,7 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     -------
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> from gpu_sampler.generation import generate
+    >>> from gpu_sampler import generate
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
     ...                          num_attention_heads=4, intermediate_size=64)).eval()
     >>> ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
@@ -265,6 +249,7 @@ def _resolve_config(model, generation_config, kwargs):
     has_default_min = (kwargs.get("min_length") is None and (
         generation_config is None or generation_config.min_length is None)
         and defaults.min_length is None)
+    compat.take_cache(model, kwargs)
     gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     model._validate_model_kwargs(model_kwargs.copy())
     return types.SimpleNamespace(gc=gc, model_kwargs=model_kwargs,
@@ -334,7 +319,7 @@ def _prepare_inputs(model, run, inputs, streamer):
                                          input_ids_length=L0)
     model._validate_generated_length(gc, L0, run.has_default_max)
 
-    cache = mk.pop("past_key_values", None)
+    cache = compat.pop_cache(mk)
     if cache is not None:
         if gc.cache_implementation is not None:
             raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
@@ -384,7 +369,7 @@ def _processors(model, run, logits_processor):
 
 def _beam_search(model, run, logits_processor, stopping_criteria, extras):
     """num_beams > 1: gpu_sampler.beam's loop on the prepared (beam-expanded) inputs."""
-    from .beam import beam_search
+    from .beam_search import beam_search
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
@@ -413,7 +398,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     run.has_eos = any(hasattr(c, "eos_token_id") for c in crit)
     # The loop bound and the on-device EOS test replace the built length / EOS criteria.
     run.host_crit = sc.StoppingCriteriaList(
-        c for c in crit if _is_in(c, user_sc)
+        c for c in crit if is_in(c, user_sc)
         or not isinstance(c, (sc.MaxLengthCriteria, sc.EosTokenCriteria)))
     run.eos, run.pad = gc._eos_token_tensor, gc._pad_token_tensor
     if run.has_eos and run.pad is None:
@@ -426,7 +411,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     run.ref_kw = dict(sample_kw)
     run.seed = extras.seed
     if extras.seed is not None:
-        sample_kw["seed"] = _row_seeds(extras.seed, B, device)
+        sample_kw["seed"] = sampling_params.row_seeds(extras.seed, B, device)
     run.sample_kw = sample_kw
     run.compile = extras.compile
     run.contrastive = extras.contrastive
@@ -444,6 +429,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     run.want_attn = rd and bool(gc.output_attentions)
     run.want_hidden = rd and bool(gc.output_hidden_states)
     params = inspect.signature(model.forward).parameters
+    run.cache_arg = compat.cache_arg(model)
     run.takes_mask = "attention_mask" in params
     run.takes_pos = "position_ids" in params
     mk = run.model_kwargs
@@ -494,7 +480,7 @@ def _allocate(model, run):
             # same (sticky) length as model.generate would use.
             made = {}
             model._prepare_cache_for_generation(gc, made, None, run.B0, run.kv_total)
-            st.cache = made.get("past_key_values")
+            st.cache = compat.pop_cache(made)
         else:
             # Our cache stands in for transformers' DynamicCache and is converted at the end
             # when returned; sliding layers keep only a window, so then run on the real type.
@@ -537,9 +523,8 @@ def _allocate(model, run):
     # prompt_ignore_length) and not-yet-generated slots are -1, which sample() ignores.
     st.hist = torch.full((B, seq_cap), -1, dtype=torch.long, device=device)
     if run.L0:
-        first = (run.mask[:, run.P - run.L0:] != 0).int().argmax(dim=1)
-        keep = torch.arange(run.L0, device=device)[None, :] >= first[:, None]
-        st.hist[:, :run.L0] = torch.where(keep, run.input_ids, -1)
+        pad = prompt_history_mask(run.mask[:, run.P - run.L0:], run.L0)
+        st.hist[:, :run.L0] = run.input_ids.masked_fill(pad, -1)
     st.step = _make_step(model, run, st)
     _set_fixed_inputs(run, st)
     st.amateur_cache = None
@@ -593,7 +578,7 @@ def _make_step(model, run, st):
     call = model
     nominal = None if st.own else st.cache  # transformers would compile only a static cache
     if not run.compile and nominal is not None and model._valid_auto_compile_criteria(
-            {"past_key_values": nominal}, run.gc):
+            compat.cache_entry(nominal), run.gc):
         call = model.get_compiled_call(run.gc.compile_config)
     want_attn, want_hidden = run.want_attn, run.want_hidden
 
@@ -633,7 +618,7 @@ def _set_fixed_inputs(run, st):
     """The forward arguments that change only when the cache is replaced (growth)."""
     kw = {"use_cache": st.cache is not None}
     if st.cache is not None:
-        kw["past_key_values"] = st.cache
+        kw[run.cache_arg] = st.cache
     if run.logits_to_keep is not None:
         kw["logits_to_keep"] = run.logits_to_keep
     if run.want_attn:
@@ -735,13 +720,13 @@ def _decode(model, run, st, streamer):
         streamer.end()
     if not run.gc.return_dict_in_generate:
         return sequences
-    return GenerateDecoderOnlyOutput(
+    return compat.make_output(
+        GenerateDecoderOnlyOutput, _returned_cache(model, run, st, run.P + n - 1),
         sequences=sequences,
         scores=tuple(all_scores[:n]) if run.want_scores else None,
         logits=tuple(all_logits[:n]) if run.want_logits else None,
         attentions=tuple(all_attn[:n]) if run.want_attn else None,
-        hidden_states=tuple(all_hidden[:n]) if run.want_hidden else None,
-        past_key_values=_returned_cache(model, run, st, run.P + n - 1))
+        hidden_states=tuple(all_hidden[:n]) if run.want_hidden else None)
 
 
 def _contrastive_logits(run, st, kw, logits):
@@ -754,12 +739,13 @@ def _contrastive_logits(run, st, kw, logits):
     amateur, alpha, beta = run.contrastive
     params = inspect.signature(amateur.forward).parameters
     akw = {k: v for k, v in kw.items() if k in params and k not in (
-        "past_key_values", "output_attentions", "output_hidden_states", "logits_to_keep")}
+        compat.OLD, compat.NEW, "output_attentions", "output_hidden_states",
+        "logits_to_keep")}
     if "logits_to_keep" in params:
         akw["logits_to_keep"] = 1
     cache = st.amateur_cache
     if cache is not None:
-        akw["past_key_values"] = cache
+        akw[compat.cache_arg(amateur)] = cache
         if "attention_mask" in akw:
             q = kw["input_ids"].shape[1]
             n = cache.attention_mask_length(q) if hasattr(cache, "attention_mask_length") \
@@ -817,7 +803,7 @@ def patch(model):
 
     Example
     -------
-    >>> from gpu_sampler.generation import patch, unpatch
+    >>> from gpu_sampler import patch, unpatch
     >>> patch(model)            # model.generate(...) now uses gpu_sampler  # doctest: +SKIP
     >>> unpatch(model)          # back to transformers' generate            # doctest: +SKIP
     """

@@ -82,6 +82,7 @@ class StaticKVLayer(CacheLayerMixin):
     # single-token queries, which a cache with unwritten (future) slots needs to be correct.
     is_compileable = True
     is_sliding = False
+    is_croppable = True  # transformers >= 5.24 asks before assisted decoding rolls back
 
     def __init__(self, max_batch_size, max_cache_len, exact_length=False):
         super().__init__()
@@ -255,6 +256,11 @@ class StaticSlidingKVLayer(StaticKVLayer):
         return min(self.sliding_window, self.max_cache_len)
 
     @property
+    def is_croppable(self):
+        # As transformers' sliding layer: only a window that never wraps can be rolled back.
+        return not self._doubled
+
+    @property
     def _doubled(self):
         # A window of max_cache_len or more never wraps: a plain buffer of the window suffices.
         return self.sliding_window < self.max_cache_len
@@ -376,7 +382,7 @@ class StaticKVCache(Cache):
     -------
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> from gpu_sampler.cache import StaticKVCache
+    >>> from gpu_sampler.hf.cache import StaticKVCache
     >>> cfg = LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
     ...                   num_attention_heads=4, intermediate_size=64)
     >>> model = LlamaForCausalLM(cfg).eval()

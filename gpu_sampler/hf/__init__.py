@@ -1,0 +1,9 @@
+"""transformers integration: generate(), patch(), beam search, the static KV cache.
+
+Imports transformers; ``import gpu_sampler`` loads this package only when one of these names
+is first used.
+"""
+from .cache import StaticKVCache
+from .generation import generate, patch, unpatch
+
+__all__ = ["StaticKVCache", "generate", "patch", "unpatch"]

@@ -1,0 +1,58 @@
+"""transformers names that moved within 5.x, looked up on the installed version.
+
+transformers 5.24 renamed the cache argument of ``generate`` / ``forward`` and the cache field
+of the generate outputs from ``past_key_values`` to ``cache`` (the old name is a deprecated
+alias until 5.40 / 6.0); the GPU image runs 5.17, which knows only ``past_key_values``.
+"""
+import dataclasses
+import functools
+import inspect
+
+OLD, NEW = "past_key_values", "cache"
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_new(forward_fn):
+    return NEW in inspect.signature(forward_fn).parameters
+
+
+def cache_arg(model):
+    """The name under which ``model``'s forward takes its cache."""
+    fn = getattr(type(model).forward, "__wrapped__", type(model).forward)
+    return NEW if _forward_takes_new(fn) or _forward_takes_new(type(model).forward) else OLD
+
+
+@functools.lru_cache(maxsize=None)
+def output_field(output_cls):
+    """The cache field of a generate output class (``cache`` from 5.24 on)."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    return NEW if NEW in names else OLD
+
+
+def make_output(output_cls, cache, **fields):
+    """``output_cls(**fields)`` with the cache under the installed version's field name."""
+    return output_cls(**fields, **{output_field(output_cls): cache})
+
+
+def take_cache(model, kwargs):
+    """Rename a passed cache to the name the model takes, as transformers' generate does
+    (both names given: ValueError, as its deprecation helper raises)."""
+    if OLD in kwargs and NEW in kwargs:
+        raise ValueError(f"Both `{OLD}` and `{NEW}` are passed: pass only `{NEW}`")
+    name = cache_arg(model)
+    other = OLD if name == NEW else NEW
+    if other in kwargs:
+        kwargs[name] = kwargs.pop(other)
+    return kwargs
+
+
+def pop_cache(model_kwargs):
+    """Remove and return the passed cache (either name) from generate's model kwargs."""
+    a, b = model_kwargs.pop(NEW, None), model_kwargs.pop(OLD, None)
+    return a if a is not None else b
+
+
+def cache_entry(cache):
+    """A model-kwargs dict holding ``cache`` under both names (for transformers' helpers that
+    read one of them, depending on the version)."""
+    return {OLD: cache, NEW: cache}
