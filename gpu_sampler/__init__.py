@@ -11,13 +11,14 @@ of its names is first used, so ``sample()`` alone never loads transformers.
 """
 from .beam import beam_topk
 from .contrastive import contrastive_scores
+from .speculative import speculative_sample
 from .sampler import sample, sampling_distribution, triton_available
 
 __version__ = "0.1.0"
 
 _HF_NAMES = ("StaticKVCache", "generate", "patch", "unpatch")
 
-__all__ = ["sample", "sampling_distribution", "contrastive_scores", "beam_topk",
+__all__ = ["sample", "sampling_distribution", "contrastive_scores", "beam_topk", "speculative_sample",
            "triton_available", "__version__", *_HF_NAMES]
 
 

@@ -56,3 +56,17 @@ def cache_entry(cache):
     """A model-kwargs dict holding ``cache`` under both names (for transformers' helpers that
     read one of them, depending on the version)."""
     return {OLD: cache, NEW: cache}
+
+
+@functools.lru_cache(maxsize=None)
+def beam_sampling_ranks_draws():
+    """Whether beam sampling ranks its K multinomial draws by score (transformers >= 5.24
+    sorts them; 5.17 keeps the draw order). Read off the installed helper's source: the
+    release that changed it is not recorded, and a version bound could only guess."""
+    from transformers.generation.utils import GenerationMixin
+
+    try:
+        source = inspect.getsource(GenerationMixin._get_top_k_continuations)
+    except (OSError, TypeError):  # no source shipped: the current behaviour
+        return True
+    return "topk_log_probs.sort(" in source
