@@ -21,8 +21,17 @@ padded with -inf to the twin's width K (sums over a padded row then have the twi
                   an elementwise rule (no top-k, no top-p: min-p, plain sampling, overflow), and
                   the full rows of the few top-p rows whose cut-off sits within fp32 rounding
                   of the total mass (so the twin's full-row logsumexp can be replayed exactly).
+
+In code: _run validates and agrees (collective 1), then _pipeline runs the steps
+_local_statistics (no collective), _first_exchange (collective 2), _sampling_rows (no
+collective), _candidate_rounds (the rare rounds) and _draw or _distribution, then _finish.
+The gathered tables have named columns: _Meta (collective 1), _Row (collective 2), _Ew (the
+elementwise round).
 """
+import dataclasses
+import enum
 import math
+from typing import List, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,14 +41,54 @@ from . import params, reference, rng
 _F32 = torch.float32
 _NEG = float("-inf")
 _EPS = torch.finfo(torch.float32).eps
-_META = 22  # length of the per-rank argument fingerprint vector
 
 # What this process sent, for bench/ and tests: bytes (payload x (world - 1), as a ring
 # all_gather sends), collectives, escalation rounds and full-row gathers.
 stats = dict(bytes_sent=0, collectives=0, escalations=0, full_rows=0)
 
 
+# ---------------------------------------------------------------- gathered tables
+
+# Collective 1: one int64 row per rank. Member names are what error messages call the
+# arguments; the sampling parameters follow params.SAMPLING_NAMES, so a parameter added there
+# gets its own column.
+_Meta = enum.IntEnum("_Meta", ["error", "B", "vocab_size", "vocab_start", "n_real", "V_local",
+                               "history_width", "check", "draw_seeds", *params.SAMPLING_NAMES,
+                               "input_ids", "prompt_lens", "seed", "offset"], start=0)
+# Wider than _Meta (two spare columns): the row's size is part of what every call sends.
+_META_WIDTH = 22
+assert len(_Meta) <= _META_WIDTH
+# Columns that describe the rank's own shard; every other column must agree across ranks.
+_PER_RANK = (_Meta.error, _Meta.vocab_start, _Meta.n_real, _Meta.V_local)
+_LABELS = {_Meta.history_width: "input_ids width", _Meta.draw_seeds: "seeds drawn"}
+
+
+class _Row(enum.IntEnum):
+    """Collective 2's int32 columns per (rank, row), after the candidates when there are some."""
+    MAX = 0      # float32 bits: max of the rank's penalised logits
+    ARGMAX = 1   # global id of that max (lowest on the rank's ties)
+    EXP_SUM = 2  # float32 bits: sum exp(x / T - max / T) over the rank (rows needing Z only)
+    SEED = 3     # int64 seed drawn on the rank, as two int32 columns (SEED, SEED + 1)
+
+
+_ROW_WIDTH = _Row.SEED + 2
+
+
+class _Ew(enum.IntEnum):
+    """The elementwise round's float64 columns per (rank, row)."""
+    COUNT = 0  # kept tokens of the rank
+    MASS = 1   # their sum of exp(x - M)
+    SCORE = 2  # best Gumbel score among them (-inf: none kept)
+    TOKEN = 3  # its global id (-1: the rank has no real column)
+    REL = 4    # its x - M
+
+
 # ---------------------------------------------------------------- collectives
+
+class _Comm(NamedTuple):
+    group: object
+    device: torch.device  # where the backend wants tensors (NCCL: the current CUDA device)
+
 
 def _comm_device(group, logits):
     if dist.get_backend(group) == "nccl":
@@ -47,12 +96,12 @@ def _comm_device(group, logits):
     return torch.device("cpu")
 
 
-def _gather(t, group, cdev):
+def _gather(t, comm):
     """all_gather of one tensor: [W, *t.shape] on t's device."""
-    W = dist.get_world_size(group)
-    src = t.contiguous().to(cdev)
+    W = dist.get_world_size(comm.group)
+    src = t.contiguous().to(comm.device)
     out = [torch.empty_like(src) for _ in range(W)]
-    dist.all_gather(out, src, group=group)
+    dist.all_gather(out, src, group=comm.group)
     stats["bytes_sent"] += src.numel() * src.element_size() * (W - 1)
     stats["collectives"] += 1
     return torch.stack(out).to(t.device)
@@ -100,39 +149,57 @@ def _validate_local(local_logits, vocab_start, vocab_size, values, input_ids, pr
     return p, prompt_lens, seed, offset
 
 
-def _agree(group, cdev, err, meta):
+def _fingerprints(local_logits, vocab_start, vocab_size, p, input_ids, prompt_lens, seed, offset,
+                  check, draw_seeds, want_draw):
+    """This rank's row of the argument table: {_Meta column: int}."""
+    B, V_local = local_logits.shape
+    meta = {_Meta.B: B, _Meta.vocab_size: vocab_size, _Meta.vocab_start: vocab_start,
+            _Meta.n_real: max(0, min(V_local, vocab_size - vocab_start)), _Meta.V_local: V_local,
+            _Meta.history_width: -1 if input_ids is None else input_ids.shape[1],
+            _Meta.check: int(check), _Meta.draw_seeds: int(draw_seeds)}
+    meta.update({_Meta[n]: _fingerprint(getattr(p, n)) for n in params.SAMPLING_NAMES})
+    # sampling_distribution draws nothing: its seed and offset must not make ranks disagree.
+    meta.update({_Meta.input_ids: _fingerprint(input_ids),
+                 _Meta.prompt_lens: _fingerprint(prompt_lens),
+                 _Meta.seed: _fingerprint(seed if want_draw else None),
+                 _Meta.offset: _fingerprint(offset if want_draw else None)})
+    return meta
+
+
+def _agree(comm, err, meta):
     """Collective 1: every rank learns every rank's fingerprints; any error raises everywhere.
 
-    Returns the gathered [W, _META] int64 table (column 0 is the error flag)."""
-    row = torch.zeros(_META, dtype=torch.int64)
+    Returns the gathered [W, _META_WIDTH] int64 table (columns: _Meta)."""
+    row = torch.zeros(_META_WIDTH, dtype=torch.int64)
     if err is None:
-        row[1:1 + len(meta)] = torch.tensor(meta, dtype=torch.int64)
+        for c, v in meta.items():
+            row[c] = v
     else:
-        row[0] = 1
-    table = _gather(row, group, cdev)
-    bad = table[:, 0].nonzero()
+        row[_Meta.error] = 1
+    table = _gather(row, comm)
+    bad = table[:, _Meta.error].nonzero()
+    # `bad` is read from the gathered table: every rank broadcasts and raises, or none does.
     if bad.numel():
         src = int(bad[0, 0])
         msg = [str(err) if err is not None else None]
-        dist.broadcast_object_list(msg, src=dist.get_global_rank(group, src), group=group,
-                                   device=cdev)
+        dist.broadcast_object_list(msg, src=dist.get_global_rank(comm.group, src),
+                                   group=comm.group, device=comm.device)
         raise ValueError(f"{msg[0]} (raised on rank {src} of the group)")
     return table
 
 
-def _check_table(table, B):
+def _check_table(table):
     """Rank-symmetric checks on the gathered fingerprints (no collective: same data everywhere)."""
-    names = ["B", "vocab_size", "input_ids width", "check", "seeds drawn", "temperature",
-             "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-             "frequency_penalty", "input_ids", "prompt_lens", "seed", "offset"]
-    cols = [1, 2, 6, 7, 8] + list(range(9, 20))
-    for name, c in zip(names, cols):
+    for c in _Meta:
+        if c in _PER_RANK:
+            continue
         if not bool((table[:, c] == table[0, c]).all()):
             ranks = (table[:, c] != table[0, c]).nonzero()[0, 0].item()
-            raise ValueError(f"{name} differs between rank 0 and rank {ranks}: every rank must "
-                             "pass the same arguments (only local_logits / vocab_start differ)")
-    V = int(table[0, 2])
-    starts, reals = table[:, 3].tolist(), table[:, 4].tolist()
+            raise ValueError(f"{_LABELS.get(c, c.name)} differs between rank 0 and rank {ranks}: "
+                             "every rank must pass the same arguments (only local_logits / "
+                             "vocab_start differ)")
+    V = int(table[0, _Meta.vocab_size])
+    starts, reals = table[:, _Meta.vocab_start].tolist(), table[:, _Meta.n_real].tolist()
     spans = sorted((s, n) for s, n in zip(starts, reals) if n > 0)
     pos = 0
     for s, n in spans:
@@ -172,20 +239,6 @@ class _Config(reference.Switches):
         return kin & self.rows(self.p_on, B, dev)
 
 
-# ---------------------------------------------------------------- the pipeline
-
-class _Shard:
-    """This rank's slice and the shard table."""
-
-    def __init__(self, table, rank, vocab_start, x):
-        self.starts = table[:, 3].tolist()
-        self.reals = table[:, 4].tolist()
-        self.rank = rank
-        self.start = vocab_start
-        self.x = x  # float32 [B, n_real], penalised
-        self.width = max(max(self.reals), 1)
-
-
 def _divide(v, tdiv):
     if isinstance(tdiv, torch.Tensor) or tdiv != 1.0:
         return v / tdiv
@@ -196,75 +249,14 @@ def _sub(v, rows):
     return v[rows] if isinstance(v, torch.Tensor) else v
 
 
-def _gather_top(shard, rows, C, group, cdev, extra=None):
-    """All ranks' top-C (xp value, global id) of `rows`, merged: ([R, C] values, [R, C] ids),
-    plus the gathered `extra` int32 columns [W, R, E] when given."""
-    x = shard.x if rows is None else shard.x[rows]
-    R, n = x.shape
-    c = min(C, n)
-    vals = torch.full((R, C), _NEG, device=x.device)
-    ids = torch.zeros((R, C), dtype=torch.int32, device=x.device)
-    if c > 0:
-        v, i = torch.topk(x, c, dim=1)
-        vals[:, :c] = v
-        ids[:, :c] = (i + shard.start).to(torch.int32)
-    parts = [_f32_bits(vals), ids] + ([extra] if extra is not None else [])
-    allp = _gather(torch.cat(parts, 1), group, cdev)  # [W, R, 2C + E]
-    W = allp.shape[0]
-    av = _bits_f32(allp[:, :, :C]).permute(1, 0, 2).reshape(R, W * C)
-    ai = allp[:, :, C:2 * C].permute(1, 0, 2).reshape(R, W * C)
-    mv, j = torch.topk(av, C, dim=1)
-    mi = ai.gather(1, j).to(torch.int64)
-    return mv, mi, (allp[:, :, 2 * C:] if extra is not None else None)
-
-
-def _elementwise_round(shard, rows, overflow, gmx, M, tdiv, cfg, seed, offset, group, cdev):
-    """Rows kept by an elementwise rule: per rank, the kept count and mass and the Gumbel-max
-    of its kept tokens; merged into (count, Z float64, token, logprob) per row."""
-    x = shard.x[rows]
-    R, n = x.shape
-    dev = x.device
-    of = overflow[rows][:, None]
-    y = _divide(x, _sub(tdiv, rows))
-    Mr = M[rows][:, None]
-    e = torch.exp(y - Mr)
-    keep = y > _NEG
-    if cfg.mp_on:
-        keep = keep & (e >= _sub(reference.col(cfg.min_p), rows))
-    # Overflow rows keep their argmax tie group at value 0 (the T -> 0 limit, GUIDE rule).
-    keep = torch.where(of, x == gmx[rows][:, None], keep)
-    e = torch.where(of, 1.0, e)
-    rel = torch.where(of, 0.0, y - Mr)
-    gid = torch.arange(n, device=dev)[None, :] + shard.start
-    stat = torch.zeros(R, 5, dtype=torch.float64, device=dev)
-    stat[:, 3] = -1
-    stat[:, 2] = _NEG
-    if n > 0:
-        if seed is None:  # sampling_distribution: no draw, any kept token marks the row
-            score = torch.where(keep, 0.0, _NEG)
-        else:
-            g = rng.gumbel_rows(_sub(seed, rows), _sub(offset, rows),
-                                gid.expand(R, n).contiguous())
-            score = torch.where(keep, rel + g, _NEG)
-        best = score.amax(1, keepdim=True)
-        j = torch.where(score == best, gid, shard.start + n).argmin(1, keepdim=True)
-        stat[:, 0] = keep.sum(1).double()
-        stat[:, 1] = torch.where(keep, e, 0.0).double().sum(1)
-        stat[:, 2] = best.squeeze(1).double()
-        stat[:, 3] = (j.squeeze(1) + shard.start).double()
-        stat[:, 4] = rel.gather(1, j).squeeze(1).double()
-    allst = _gather(stat, group, cdev)  # [W, R, 5]
-    count = allst[:, :, 0].sum(0)
-    Z = allst[:, :, 1].sum(0)
-    best = allst[:, :, 2].amax(0)
-    ids = torch.where(allst[:, :, 2] == best, allst[:, :, 3], float("inf"))
-    w = ids.argmin(0)
-    tok = ids.gather(0, w[None]).squeeze(0).to(torch.int64)
-    rel_tok = allst[:, :, 4].gather(0, w[None]).squeeze(0).to(_F32)
-    Z32 = Z.to(_F32)
-    lp = rel_tok - torch.log(Z32)
-    ok = best > _NEG
-    return count, Z32, torch.where(ok, tok, -1), lp, keep, e
+def _widen(cv, ci, K):
+    """Merged candidates padded with -inf (id 0) to at least K columns."""
+    B, C = cv.shape
+    if C >= K:
+        return cv, ci
+    cv = torch.cat([cv, torch.full((B, K - C), _NEG, device=cv.device)], 1)
+    ci = torch.cat([ci, torch.zeros((B, K - C), dtype=torch.int64, device=ci.device)], 1)
+    return cv, ci
 
 
 def _z_interval(z_est, M, V):
@@ -282,13 +274,149 @@ def _z_interval(z_est, M, V):
     return lo, hi
 
 
-def _full_rows(shard, rows, group, cdev):
+# ---------------------------------------------------------------- state that crosses the steps
+
+@dataclasses.dataclass(frozen=True)
+class _Shard:
+    """This rank's penalised slice and where every rank's slice lies (from the agreed table)."""
+    x: torch.Tensor  # float32 [B, n_real]
+    start: int       # global id of column 0
+    starts: list     # every rank's vocab_start
+    reals: list      # every rank's count of real columns
+
+    @property
+    def width(self):
+        return max(max(self.reals), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Local:
+    """Step 1: what this rank knows before any data moves."""
+    shard: _Shard
+    cfg: _Config
+    valid: torch.Tensor      # [B] bool: every per-row parameter valid
+    greedy: torch.Tensor     # [B] bool: T == 0
+    all_greedy: bool
+    tdiv: object             # x's divisor: a float or [B, 1] (1 on greedy and invalid rows)
+    zrows: Optional[torch.Tensor]  # [B] bool: top-p rows measured against the full-row mass
+    need_lse: bool           # some row of zrows exists: collective 2 carries exp sums
+
+
+class _RowStats(NamedTuple):
+    """Step 2: the merged row statistics and first candidates, identical on every rank."""
+    gmx: torch.Tensor     # [B] max penalised logit over the vocabulary (NaN ignored)
+    gtok: torch.Tensor    # [B] its global id, lowest on ties
+    nanrow: torch.Tensor  # [B] bool: a NaN on some rank
+    m_all: torch.Tensor   # [W, B] each rank's max
+    s_all: torch.Tensor   # [W, B] each rank's exp sum (_Row.EXP_SUM)
+    cv: Optional[torch.Tensor]  # [B, C] merged top-C values (None: every row greedy)
+    ci: Optional[torch.Tensor]  # [B, C] their global ids
+    seed: object
+    offset: object
+
+
+class _EwResult(NamedTuple):
+    """One elementwise round, for its rows."""
+    rows: torch.Tensor   # [R] row indices
+    count: torch.Tensor  # [R] float64 kept tokens over all ranks
+    Z: torch.Tensor      # [R] float32 kept mass
+    tok: torch.Tensor    # [R] drawn global id (-1: nothing kept)
+    logp: torch.Tensor   # [R]
+    keep: torch.Tensor   # [R, n_real] this rank's kept columns
+    e: torch.Tensor      # [R, n_real] their exp(x - M)
+
+
+@dataclasses.dataclass
+class _Rounds:
+    """Steps 3 and 4: the sampling rows through the candidate rounds (mutated in place)."""
+    shard: _Shard
+    cfg: _Config
+    gmx: torch.Tensor
+    M: torch.Tensor          # [B] max of x / T (0 on overflow rows)
+    tdiv: object             # loc.tdiv with overflow rows at 1
+    overflow: torch.Tensor   # [B] x / T overflowed: the argmax tie group is kept
+    sampling: torch.Tensor   # [B] rows drawn at random
+    kin: torch.Tensor        # [B] no active top-k
+    elementwise: torch.Tensor  # [B] no top-k, no top-p: kept by an elementwise rule
+    zrows: Optional[torch.Tensor]
+    cand: torch.Tensor       # [B] rows decided on the merged candidates
+    ew_rows: torch.Tensor    # [B] rows decided by an elementwise round
+    cv: torch.Tensor         # [B, C] merged candidates (values), grown by escalation
+    ci: torch.Tensor         # [B, C] their global ids
+    have: torch.Tensor       # [B] exact leading candidates per row (V: all of the row)
+    z_lo: Optional[torch.Tensor]  # [B] bounds on the full-row mass (None: no row needs it)
+    z_hi: Optional[torch.Tensor]
+    z_exact: Optional[torch.Tensor]  # [B] the mass from a full-row gather, where `exact`
+    exact: torch.Tensor
+    ew_done: torch.Tensor    # [B] rows whose elementwise round has run
+    ew_count: torch.Tensor   # [B] float64 their kept counts
+    ew_results: List[_EwResult] = dataclasses.field(default_factory=list)
+
+
+class _Window(NamedTuple):
+    """The twin's filter on the merged candidates at width K."""
+    vals: torch.Tensor  # [B, K] x / T, descending, -inf padded
+    ids: torch.Tensor   # [B, K] global ids
+    keep: torch.Tensor  # [B, K] bool
+    e: torch.Tensor     # [B, K] exp(x - M) of kept candidates
+    last: torch.Tensor  # [B] bool: no token past the window can be kept
+
+
+@dataclasses.dataclass
+class _Outcome:
+    tok: torch.Tensor    # [B] int64
+    logp: torch.Tensor   # [B] float32
+    probs: Optional[torch.Tensor]  # [B, V_local] (sampling_distribution), None (sample)
+
+
+# ---------------------------------------------------------------- exchanges
+
+def _gather_top(shard, rows, C, comm, extra=None):
+    """All ranks' top-C (xp value, global id) of `rows`, merged: ([R, C] values, [R, C] ids),
+    plus the gathered `extra` int32 columns [W, R, E] when given."""
+    x = shard.x if rows is None else shard.x[rows]
+    R, n = x.shape
+    c = min(C, n)
+    vals = torch.full((R, C), _NEG, device=x.device)
+    ids = torch.zeros((R, C), dtype=torch.int32, device=x.device)
+    if c > 0:
+        v, i = torch.topk(x, c, dim=1)
+        vals[:, :c] = v
+        ids[:, :c] = (i + shard.start).to(torch.int32)
+    parts = [_f32_bits(vals), ids] + ([extra] if extra is not None else [])
+    allp = _gather(torch.cat(parts, 1), comm)  # [W, R, C value bits | C ids | extra]
+    W = allp.shape[0]
+    av = _bits_f32(allp[:, :, :C]).permute(1, 0, 2).reshape(R, W * C)
+    ai = allp[:, :, C:2 * C].permute(1, 0, 2).reshape(R, W * C)
+    mv, j = torch.topk(av, C, dim=1)
+    mi = ai.gather(1, j).to(torch.int64)
+    return mv, mi, (allp[:, :, 2 * C:] if extra is not None else None)
+
+
+def _pack_row_stats(mx, arg, s_loc, seeds):
+    """Collective 2's int32 columns (_Row) of this rank."""
+    out = torch.empty(mx.shape[0], _ROW_WIDTH, dtype=torch.int32, device=mx.device)
+    out[:, _Row.MAX] = _f32_bits(mx)
+    out[:, _Row.ARGMAX] = arg.to(torch.int32)
+    out[:, _Row.EXP_SUM] = _f32_bits(s_loc)
+    out[:, _Row.SEED:] = seeds
+    return out
+
+
+def _unpack_row_stats(st):
+    """[W, B, _ROW_WIDTH] -> (max [W, B], argmax [W, B] int64, exp sum [W, B], rank 0's seeds)."""
+    return (_bits_f32(st[:, :, _Row.MAX]), st[:, :, _Row.ARGMAX].to(torch.int64),
+            _bits_f32(st[:, :, _Row.EXP_SUM]),
+            st[0, :, _Row.SEED:].contiguous().view(torch.int64).squeeze(1))
+
+
+def _full_rows(shard, rows, comm):
     """The full penalised rows [R, V] (rare: top-p rows whose cut-off is within rounding)."""
     x = shard.x[rows]
     R = x.shape[0]
     buf = torch.full((R, shard.width), _NEG, device=x.device)
     buf[:, :x.shape[1]] = x
-    allx = _gather(buf, group, cdev)
+    allx = _gather(buf, comm)
     V = sum(shard.reals)
     full = torch.empty((R, V), device=x.device)
     for s, n, part in zip(shard.starts, shard.reals, allx):
@@ -297,270 +425,376 @@ def _full_rows(shard, rows, group, cdev):
     return full
 
 
-def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt_lens,
-         generator, seed, offset, check, backend, want_draw):
-    group = group if group is not None else dist.group.WORLD
-    cdev = _comm_device(group, local_logits)
-    rank = dist.get_rank(group)
-    err, meta = None, []
-    try:
-        p, prompt_lens, seed, offset = _validate_local(
-            local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
-            generator, seed, offset, check, backend)
-        B, V_local = local_logits.shape
-        n_real = max(0, min(V_local, vocab_size - vocab_start))
-        draw_seeds = want_draw and seed is None and params.needs_random(p.temperature)
-        meta = [B, vocab_size, vocab_start, n_real, V_local,
-                -1 if input_ids is None else input_ids.shape[1], int(check), int(draw_seeds)]
-        meta += [_fingerprint(getattr(p, n)) for n in params.SAMPLING_NAMES]
-        meta += [_fingerprint(input_ids), _fingerprint(prompt_lens),
-                 _fingerprint(seed if want_draw else None),
-                 _fingerprint(offset if want_draw else None)]
-    except ValueError as exc:
-        err = exc
-    table = _agree(group, cdev, err, meta)
-    _check_table(table, B)
-    dev = local_logits.device
-    if B == 0:
-        return (torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, device=dev),
-                None)
-    return _pipeline(local_logits, table, rank, vocab_start, vocab_size, p, input_ids,
-                     prompt_lens, generator, seed, offset, draw_seeds, group, cdev, want_draw)
+# ---------------------------------------------------------------- step 1: local statistics
+
+def _penalised_shard(local_logits, n_real, vocab_start, p, input_ids, prompt_lens):
+    """fp32 copy of the real columns with the penalties of the global history ids."""
+    x = local_logits[:, :n_real].to(_F32)
+    if input_ids is None or input_ids.shape[1] == 0 or n_real == 0:
+        return x
+    has_rep, has_pf = p.has_repetition(), p.has_presence_frequency()
+    if has_rep or has_pf:
+        x = x.clone() if x.data_ptr() == local_logits.data_ptr() else x
+        g = input_ids.to(torch.int64) - vocab_start
+        local_ids = torch.where((g >= 0) & (g < n_real), g, -1)
+        reference.apply_penalties(x, local_ids, prompt_lens if prompt_lens is not None else 0,
+                                  p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+                                  has_rep, has_pf)
+    return x
 
 
-def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_lens, generator,
-              seed, offset, draw_seeds, group, cdev, want_draw):
+def _local_statistics(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_lens):
+    """Step 1 (no collective): the penalised fp32 shard and the twin's row switches."""
     B = local_logits.shape[0]
     dev = local_logits.device
-    n_real = int(table[rank, 4])
-    T, k, top_p, min_p = p.temperature, p.top_k, p.top_p, p.min_p
-    rp, pres, freq = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
-
-    # ---- local: fp32 copy of the real columns, penalties from the global history ids
-    x = local_logits[:, :n_real].to(_F32)
-    if input_ids is not None and input_ids.shape[1] > 0 and n_real > 0:
-        has_rep, has_pf = p.has_repetition(), p.has_presence_frequency()
-        if has_rep or has_pf:
-            x = x.clone() if x.data_ptr() == local_logits.data_ptr() else x
-            g = input_ids.to(torch.int64) - vocab_start
-            local_ids = torch.where((g >= 0) & (g < n_real), g, -1)
-            reference.apply_penalties(x, local_ids, prompt_lens if prompt_lens is not None else 0,
-                                      rp, pres, freq, has_rep, has_pf)
-    shard = _Shard(table, rank, vocab_start, x)
-
-    # ---- the twin's row switches (reference's filter)
-    no_penalty = input_ids is None or all(
-        not isinstance(v, torch.Tensor) and v == off for v, off in ((rp, 1.0), (pres, 0.0),
-                                                                    (freq, 0.0)))
-    if want_draw and not isinstance(T, torch.Tensor) and T == 0 and no_penalty:
-        bad = p.bad_rows()  # T is a number here: the twin's all-greedy fast path
-    else:
-        bad = p.bad_rows()
+    n_real = int(table[rank, _Meta.n_real])
+    x = _penalised_shard(local_logits, n_real, vocab_start, p, input_ids, prompt_lens)
+    shard = _Shard(x, vocab_start, table[:, _Meta.vocab_start].tolist(),
+                   table[:, _Meta.n_real].tolist())
+    T = p.temperature
+    bad = p.bad_rows()
     valid = torch.ones(B, dtype=torch.bool, device=dev) if bad is None else ~bad
     if isinstance(T, torch.Tensor):
         greedy = T == 0
     else:
         greedy = torch.full((B,), T == 0, device=dev)
     all_greedy = bool(greedy.all())
-    cfg = _Config(V, k, top_p, min_p)
-
-    # ---- collective 2: row statistics (+ seeds) and the first candidates
-    if n_real > 0:
-        mx = x.amax(1)
-        arg = x.argmax(1) + vocab_start
-    else:
-        mx = torch.full((B,), _NEG, device=dev)
-        arg = torch.full((B,), vocab_start, dtype=torch.int64, device=dev)
+    cfg = _Config(V, p.top_k, p.top_p, p.min_p)
     tdiv = (torch.where(~valid | greedy, 1.0, T)[:, None] if isinstance(T, torch.Tensor)
             else float(T) if not all_greedy else 1.0)
     zrows = cfg.z_full_rows(B, dev) & ~greedy if not all_greedy else None
     need_lse = zrows is not None and bool(zrows.any())
-    m_loc = _divide(mx[:, None], tdiv)[:, 0]
-    s_loc = torch.zeros(B, device=dev)
-    if need_lse and n_real > 0:
-        s_loc = torch.exp(_divide(x, tdiv) - m_loc[:, None]).sum(1)
-    seeds_col = torch.zeros(B, 2, dtype=torch.int32, device=dev)
-    if draw_seeds:
-        seeds_col = params.draw_seeds(B, dev, generator, True).view(torch.int32).view(B, 2)
-    row_stats = torch.cat([_f32_bits(mx)[:, None], arg.to(torch.int32)[:, None],
-                       _f32_bits(s_loc)[:, None], seeds_col], 1)
-    C = 0 if all_greedy else min(cfg.C0, V)
-    if C > 0:
-        cv, ci, st = _gather_top(shard, None, C, group, cdev, row_stats)
+    return _Local(shard, cfg, valid, greedy, all_greedy, tdiv, zrows, need_lse)
+
+
+# ---------------------------------------------------------------- step 2: the first exchange
+
+def _first_exchange(loc, V, draw_seeds, generator, seed, offset, comm):
+    """Step 2, collective 2: per row max / argmax / exp sum, rank 0's seeds and the first
+    merged candidates; the greedy answer (lowest id among the global max) falls out of it."""
+    x, start = loc.shard.x, loc.shard.start
+    B, n_real = x.shape
+    dev = x.device
+    if n_real > 0:
+        mx = x.amax(1)
+        arg = x.argmax(1) + start
     else:
-        st = _gather(row_stats, group, cdev)
-    # st: [W, B, 5]
-    mx_all = _bits_f32(st[:, :, 0])
-    nanrow = mx_all.isnan().any(0)
-    gmx = torch.where(mx_all.isnan(), _NEG, mx_all).amax(0)
-    arg_all = st[:, :, 1].to(torch.int64)
-    gtok = torch.where(mx_all == gmx, arg_all, V).amin(0)
+        mx = torch.full((B,), _NEG, device=dev)
+        arg = torch.full((B,), start, dtype=torch.int64, device=dev)
+    s_loc = torch.zeros(B, device=dev)
+    if loc.need_lse and n_real > 0:
+        m_loc = _divide(mx[:, None], loc.tdiv)[:, 0]
+        s_loc = torch.exp(_divide(x, loc.tdiv) - m_loc[:, None]).sum(1)
+    seeds = torch.zeros(B, 2, dtype=torch.int32, device=dev)
+    if draw_seeds:  # every rank draws, so that identically seeded generators stay in step
+        seeds = params.draw_seeds(B, dev, generator, True).view(torch.int32).view(B, 2)
+    packed = _pack_row_stats(mx, arg, s_loc, seeds)
+    C = 0 if loc.all_greedy else min(loc.cfg.C0, V)
+    cv = ci = None
+    # C follows from temperature and top_k, which _agree checked are equal on every rank:
+    # every rank gathers the same width.
+    if C > 0:
+        cv, ci, st = _gather_top(loc.shard, None, C, comm, packed)
+    else:
+        st = _gather(packed, comm)
+    m_all, arg_all, s_all, drawn = _unpack_row_stats(st)
+    nanrow = m_all.isnan().any(0)
+    score = torch.where(m_all.isnan(), _NEG, m_all).T  # [B, W]
+    gtok, _ = rng.first_best(score, arg_all.T, V)
     if draw_seeds:
-        seed, offset = st[0, :, 3:5].contiguous().view(torch.int64).squeeze(1), 0
+        seed, offset = drawn, 0
+    return _RowStats(score.amax(1), gtok, nanrow, m_all, s_all, cv, ci, seed, offset)
 
-    tok = torch.full((B,), -1, dtype=torch.int64, device=dev)
-    logp = torch.full((B,), _NEG, device=dev)
-    gvalid = greedy & valid & ~nanrow & (gmx > _NEG)
-    probs = None if want_draw else torch.zeros(B, local_logits.shape[1], device=dev)
-    if all_greedy:
-        return _finish(tok, logp, probs, gvalid, gtok, nanrow, vocab_start, local_logits)
 
-    # ---- sampling rows
-    M = _divide(gmx[:, None], tdiv)[:, 0]
-    overflow = (M == float("inf")) & valid & ~greedy & ~nanrow
+# ---------------------------------------------------------------- step 3: the sampling rows
+
+def _sampling_rows(loc, rs, V):
+    """Step 3 (no collective): which rows are drawn and how; the full-row mass bounds."""
+    cfg, tdiv = loc.cfg, loc.tdiv
+    B, C = rs.cv.shape
+    dev = rs.cv.device
+    M = _divide(rs.gmx[:, None], tdiv)[:, 0]
+    overflow = (M == float("inf")) & loc.valid & ~loc.greedy & ~rs.nanrow
     M = torch.where(overflow, 0.0, M)
-    sampling = (M > _NEG) & valid & ~greedy & ~nanrow
+    sampling = (M > _NEG) & loc.valid & ~loc.greedy & ~rs.nanrow
     tdiv_c = tdiv
     if bool(overflow.any()):
         tdiv_c = torch.where(overflow[:, None], 1.0, tdiv if isinstance(tdiv, torch.Tensor)
                              else torch.full((B, 1), tdiv, device=dev))
     kin = ~cfg.rows(cfg.kact, B, dev)
-    elementwise = kin & ~cfg.rows(cfg.p_on, B, dev)
-    in_b = overflow.clone()  # rows decided by the elementwise round
-    cand = sampling & ~in_b
-    # z_full estimate from the partial sums, and its rounding interval
+    ew_rows = overflow.clone()
     z_lo = z_hi = z_exact = None
-    exact = torch.zeros(B, dtype=torch.bool, device=dev)
-    if need_lse:
-        m_all = _bits_f32(st[:, :, 0])
-        m_all = _divide(m_all.T.contiguous(), tdiv)  # [B, W]
-        s_all = _bits_f32(st[:, :, 2]).T
+    if loc.need_lse:
+        m_all = _divide(rs.m_all.T.contiguous(), tdiv)  # [B, W]
+        s_all = rs.s_all.T
         ok = m_all > _NEG
         z_est = torch.where(ok, s_all.double() * torch.exp(m_all.double() - M.double()[:, None]),
                             0.0).sum(1)
         z_lo, z_hi = _z_interval(z_est, M, V)
         z_exact = torch.zeros(B, device=dev)
     have = torch.full((B,), C, dtype=torch.int64, device=dev)
-    have = torch.where((cv[:, -1] == _NEG) | (C >= V), V, have)
+    have = torch.where((rs.cv[:, -1] == _NEG) | (C >= V), V, have)
+    return _Rounds(
+        shard=loc.shard, cfg=cfg, gmx=rs.gmx, M=M, tdiv=tdiv_c, overflow=overflow,
+        sampling=sampling, kin=kin, elementwise=kin & ~cfg.rows(cfg.p_on, B, dev),
+        zrows=loc.zrows, cand=sampling & ~ew_rows, ew_rows=ew_rows, cv=rs.cv, ci=rs.ci,
+        have=have, z_lo=z_lo, z_hi=z_hi, z_exact=z_exact,
+        exact=torch.zeros(B, dtype=torch.bool, device=dev),
+        ew_done=torch.zeros(B, dtype=torch.bool, device=dev),
+        ew_count=torch.zeros(B, dtype=torch.float64, device=dev))
 
-    def apply_overflow(vals):
-        # Overflow rows: argmax tie group at 0, the rest -inf (handled by the elementwise round).
-        if bool(overflow.any()):
-            vals = torch.where(overflow[:, None], torch.where(vals == gmx[:, None], 0.0, _NEG),
-                               vals)
-        return vals
 
-    def width(K):
-        Cw = cv.shape[1]
-        if Cw >= K:
-            v, i = cv[:, :K], ci[:, :K]
-        else:
-            v = torch.cat([cv, torch.full((B, K - Cw), _NEG, device=dev)], 1)
-            i = torch.cat([ci, torch.zeros((B, K - Cw), dtype=torch.int64, device=dev)], 1)
-        return _divide(apply_overflow(v), tdiv_c), i
+# ---------------------------------------------------------------- step 4: candidate rounds
 
-    b_done = torch.zeros(B, dtype=torch.bool, device=dev)
-    b_count = torch.zeros(B, dtype=torch.float64, device=dev)
-    b_res = {}
-    K = cfg.K0
+def _window(st, K):
+    """The merged candidates at the twin's width K, divided by T (overflow rows: their argmax
+    tie group at 0, the rest -inf; the elementwise round decides them)."""
+    v, i = _widen(st.cv, st.ci, K)
+    v, i = v[:, :K], i[:, :K]
+    if bool(st.overflow.any()):
+        v = torch.where(st.overflow[:, None], torch.where(v == st.gmx[:, None], 0.0, _NEG), v)
+    return _divide(v, st.tdiv), i
+
+
+def _filter_window(st, vk):
+    """reference.filter_candidates at the lower full-row mass bound, and the rows that the
+    upper bound would filter otherwise (None: no row uses the full-row mass)."""
+    zf = torch.zeros(vk.shape[0], device=vk.device)  # unused by every row when no row needs it
+    if st.z_lo is not None:
+        zf = torch.where(st.exact, st.z_exact, st.z_lo)
+    keep, e, tau_k, last = reference.filter_candidates(vk, st.cfg, lambda: zf)
+    if st.z_lo is None:
+        return keep, e, tau_k, last, None
+    keep2, _, _, last2 = reference.filter_candidates(
+        vk, st.cfg, lambda: torch.where(st.exact, st.z_exact, st.z_hi))
+    amb = st.cand & st.zrows & ~st.exact & ((keep != keep2).any(1) | (last != last2))
+    return keep, e, tau_k, last, amb
+
+
+def _full_row_round(st, r, comm):
+    """The exact full-row mass of rows `r`, from their gathered rows: the twin's logsumexp."""
+    full = _full_rows(st.shard, r, comm)
+    stats["full_rows"] += r.numel()
+    rr = torch.cat([r, r[:1]]) if r.numel() == 1 else r
+    fr = torch.cat([full, full[:1]]) if r.numel() == 1 else full
+    lse = torch.logsumexp(_divide(fr, _sub(st.tdiv, rr)), 1)
+    st.z_exact[r] = torch.exp(lse - st.M[rr])[:r.numel()]
+    st.exact[r] = True
+
+
+def _escalate(st, r, V, comm):
+    """Four times more merged candidates for rows `r` (their last candidate is still kept)."""
+    C2 = min(V, 4 * max(int(st.have[r].max()), 1))
+    mv, mi, _ = _gather_top(st.shard, r, C2, comm)
+    stats["escalations"] += 1
+    st.cv, st.ci = _widen(st.cv, st.ci, C2)
+    st.cv[r, :C2], st.ci[r, :C2] = mv, mi
+    st.cv[r, C2:] = _NEG
+    st.have[r] = torch.where((mv[:, -1] == _NEG) | (C2 >= V), V, C2)
+
+
+def _settle_window(st, K, V, comm):
+    """The filter at width K once no row needs a rare round: full rows for rows whose top-p
+    cut-off the mass bounds cannot place, more candidates for rows whose window is too short
+    (elementwise rows go to the elementwise round instead)."""
     while True:
-        while True:
-            vk, ik = width(K)
-            zf = torch.zeros(B, device=dev)  # unused by every row when no row needs it
-            if z_lo is not None:
-                zf = torch.where(exact, z_exact, z_lo)
-            keep, e, tau_k, last = reference.filter_candidates(vk, cfg, lambda: zf)
-            if z_lo is not None:
-                keep2, _, _, last2 = reference.filter_candidates(
-                    vk, cfg, lambda: torch.where(exact, z_exact, z_hi))
-                amb = cand & zrows & ~exact & ((keep != keep2).any(1) | (last != last2))
-                if bool(amb.any()):
-                    r = amb.nonzero().squeeze(1)
-                    full = _full_rows(shard, r, group, cdev)
-                    stats["full_rows"] += r.numel()
-                    rr = torch.cat([r, r[:1]]) if r.numel() == 1 else r
-                    fr = torch.cat([full, full[:1]]) if r.numel() == 1 else full
-                    lse = torch.logsumexp(_divide(fr, _sub(tdiv_c, rr)), 1)
-                    z_exact[r] = torch.exp(lse - M[rr])[:r.numel()]
-                    exact[r] = True
-                    continue
-            pos = (have.clamp_max(K) - 1)[:, None]
-            dropped = ~keep.gather(1, pos).squeeze(1)
-            if tau_k is not None:
-                below = vk.gather(1, pos) < tau_k
-                dropped &= below.squeeze(1) | kin
-            suff = (have >= K) | dropped
-            insuff = cand & ~suff
-            to_b = insuff & elementwise
-            if bool(to_b.any()):
-                in_b |= to_b
-                cand &= ~to_b
-            esc = insuff & ~elementwise
-            if bool(esc.any()):
-                r = esc.nonzero().squeeze(1)
-                C2 = min(V, 4 * max(int(have[r].max()), 1))
-                mv, mi, _ = _gather_top(shard, r, C2, group, cdev)
-                stats["escalations"] += 1
-                if cv.shape[1] < C2:
-                    pad = C2 - cv.shape[1]
-                    cv = torch.cat([cv, torch.full((B, pad), _NEG, device=dev)], 1)
-                    ci = torch.cat([ci, torch.zeros((B, pad), dtype=torch.int64, device=dev)], 1)
-                cv[r, :C2], ci[r, :C2] = mv, mi
-                cv[r, C2:] = _NEG
-                have[r] = torch.where((mv[:, -1] == _NEG) | (C2 >= V), V, C2)
-                continue
-            break
-        todo = in_b & sampling & ~b_done
+        vk, ik = _window(st, K)
+        keep, e, tau_k, last, amb = _filter_window(st, vk)
+        # amb (None unless the agreed top_k / top_p / temperature need the full-row mass),
+        # insuff and esc come from merged candidates and gathered sums, by the same ops on
+        # every rank, and from parameters _agree checked: every rank takes the same rounds.
+        if amb is not None and bool(amb.any()):
+            _full_row_round(st, amb.nonzero().squeeze(1), comm)
+            continue
+        pos = (st.have.clamp_max(K) - 1)[:, None]
+        dropped = ~keep.gather(1, pos).squeeze(1)
+        if tau_k is not None:
+            below = vk.gather(1, pos) < tau_k
+            dropped &= below.squeeze(1) | st.kin
+        insuff = st.cand & ~((st.have >= K) | dropped)
+        to_ew = insuff & st.elementwise
+        st.ew_rows |= to_ew
+        st.cand &= ~to_ew
+        esc = insuff & ~st.elementwise
+        if bool(esc.any()):
+            _escalate(st, esc.nonzero().squeeze(1), V, comm)
+            continue
+        return _Window(vk, ik, keep, e, last)
+
+
+def _elementwise_round(st, rows, seed, offset, comm):
+    """Rows kept by an elementwise rule: per rank, the kept count and mass and the Gumbel-max
+    of its kept tokens; merged into (count, Z float64, token, logprob) per row."""
+    x = st.shard.x[rows]
+    R, n = x.shape
+    dev = x.device
+    of = st.overflow[rows][:, None]
+    y = _divide(x, _sub(st.tdiv, rows))
+    Mr = st.M[rows][:, None]
+    e = torch.exp(y - Mr)
+    keep = y > _NEG
+    if st.cfg.mp_on:
+        keep = keep & (e >= _sub(reference.col(st.cfg.min_p), rows))
+    # Overflow rows keep their argmax tie group at value 0 (the T -> 0 limit, GUIDE rule).
+    keep = torch.where(of, x == st.gmx[rows][:, None], keep)
+    e = torch.where(of, 1.0, e)
+    rel = torch.where(of, 0.0, y - Mr)
+    stat = torch.zeros(R, len(_Ew), dtype=torch.float64, device=dev)
+    stat[:, _Ew.TOKEN] = -1
+    stat[:, _Ew.SCORE] = _NEG
+    if n > 0:
+        gid = torch.arange(n, device=dev)[None, :] + st.shard.start
+        if seed is None:  # sampling_distribution: no draw, any kept token marks the row
+            score = torch.where(keep, 0.0, _NEG)
+        else:
+            g = rng.gumbel_rows(_sub(seed, rows), _sub(offset, rows),
+                                gid.expand(R, n).contiguous())
+            score = torch.where(keep, rel + g, _NEG)
+        tok, j = rng.first_best(score, gid.expand(R, n), st.shard.start + n)
+        stat[:, _Ew.COUNT] = keep.sum(1).double()
+        stat[:, _Ew.MASS] = torch.where(keep, e, 0.0).double().sum(1)
+        stat[:, _Ew.SCORE] = score.gather(1, j).squeeze(1).double()
+        stat[:, _Ew.TOKEN] = tok.double()
+        stat[:, _Ew.REL] = rel.gather(1, j).squeeze(1).double()
+    allst = _gather(stat, comm)  # [W, R, _Ew]
+    # The draw over the ranks' winners: the same tie rule, on the gathered (score, id) pairs.
+    score = allst[:, :, _Ew.SCORE].T
+    tok, j = rng.first_best(score, allst[:, :, _Ew.TOKEN].T, math.inf)
+    rel_tok = allst[:, :, _Ew.REL].T.gather(1, j).squeeze(1).to(_F32)
+    Z32 = allst[:, :, _Ew.MASS].sum(0).to(_F32)
+    ok = score.gather(1, j).squeeze(1) > _NEG
+    return _EwResult(rows, allst[:, :, _Ew.COUNT].sum(0), Z32,
+                     torch.where(ok, tok.to(torch.int64), -1), rel_tok - torch.log(Z32), keep, e)
+
+
+def _twin_stops(st, win, K):
+    """The twin's stop rule at width K: every sampling row's K-th candidate is dropped."""
+    last_ew = st.ew_count < K
+    if st.cfg.k_any:
+        kk = st.cfg.top_k.double() if st.cfg.k_tensor else st.cfg.top_k
+        short = st.overflow & ~st.kin & (st.ew_count < kk)
+        last_ew &= ~short
+    last_all = torch.where(st.ew_rows, last_ew, win.last)
+    return bool((last_all | ~st.sampling).all())
+
+
+def _candidate_rounds(st, V, seed, offset, comm):
+    """Step 4: the twin's K loop (K0, x4, ... V) on merged candidates. Returns the final K
+    and the filter there; the elementwise rows' draws are in st.ew_results."""
+    K = st.cfg.K0
+    while True:
+        win = _settle_window(st, K, V, comm)
+        todo = st.ew_rows & st.sampling & ~st.ew_done
+        # todo and the stop rule read merged candidates, gathered counts and agreed parameters:
+        # every rank runs the same elementwise rounds and leaves the loop at the same K.
         if bool(todo.any()):
             r = todo.nonzero().squeeze(1)
-            cnt, Z, t, lp, bkeep, be = _elementwise_round(shard, r, overflow, gmx, M, tdiv_c, cfg,
-                                                          seed, offset, group, cdev)
-            b_count[r] = cnt
-            b_done[r] = True
-            b_res[len(b_res)] = (r, Z, t, lp, bkeep, be)
-        # the twin's stop rule, at width K
-        last_b = b_count < K
-        if cfg.k_any:
-            kk = cfg.top_k.double() if cfg.k_tensor else cfg.top_k
-            short = overflow & ~kin & (b_count < kk)
-            last_b &= ~short
-        last_all = torch.where(in_b, last_b, last)
-        if K == V or bool((last_all | ~sampling).all()):
-            break
+            res = _elementwise_round(st, r, seed, offset, comm)
+            st.ew_count[r] = res.count
+            st.ew_done[r] = True
+            st.ew_results.append(res)
+        if K == V or _twin_stops(st, win, K):
+            return K, win
         K = min(V, K * 4)
 
-    # ---- results of the candidate rows, at the twin's final width K
-    keep = keep & (cand & sampling)[:, None]
-    st_e = torch.where(keep, e, 0.0)
-    ssum = st_e.sum(1)
-    if want_draw:
-        if bool(cand.any()):
-            w = min(K, int(have[cand].max()))
-            kw, vw, iw = keep[:, :w], vk[:, :w], ik[:, :w]
-            g = rng.gumbel_rows(seed, offset, iw)
-            score = torch.where(kw, (vw - M[:, None]) + g, _NEG)
-            best = score.amax(1, keepdim=True)
-            j = torch.where(score == best, iw, V).argmin(1, keepdim=True)
-            t = iw.gather(1, j).squeeze(1)
-            lp = (vw.gather(1, j).squeeze(1) - M) - torch.log(ssum)
-            tok = torch.where(cand, t, tok)
-            logp = torch.where(cand, lp, logp)
-        for r, Z, t, lp, _, _ in b_res.values():
-            tok[r], logp[r] = t, lp
-    else:
-        z = ssum.clamp_min(torch.finfo(_F32).tiny)[:, None]
-        loc = ik - vocab_start
-        inside = (loc >= 0) & (loc < n_real) & keep
-        rows = inside.nonzero()
-        probs[rows[:, 0], loc[rows[:, 0], rows[:, 1]]] = (st_e / z)[rows[:, 0], rows[:, 1]]
-        for r, Z, t, lp, bkeep, be in b_res.values():
-            ok = (t >= 0)[:, None]
-            probs[r, :n_real] = torch.where(bkeep & ok, be / Z[:, None], 0.0)
-    # Every sampling row keeps at least its max token, so it is valid.
-    return _finish(tok, logp, probs, gvalid, gtok, nanrow, vocab_start, local_logits,
-                   sampled_ok=sampling)
+
+# ---------------------------------------------------------------- step 5: finish
+
+def _draw(st, win, K, V, seed, offset, out):
+    """Tokens and logprobs of the sampling rows: the twin's Gumbel-max over the kept merged
+    candidates, or the elementwise round's draw."""
+    keep = win.keep & (st.cand & st.sampling)[:, None]
+    ssum = torch.where(keep, win.e, 0.0).sum(1)
+    if bool(st.cand.any()):
+        w = min(K, int(st.have[st.cand].max()))
+        kw, vw, iw = keep[:, :w], win.vals[:, :w], win.ids[:, :w]
+        g = rng.gumbel_rows(seed, offset, iw)
+        score = torch.where(kw, (vw - st.M[:, None]) + g, _NEG)
+        t, j = rng.first_best(score, iw, V)
+        lp = (vw.gather(1, j).squeeze(1) - st.M) - torch.log(ssum)
+        out.tok = torch.where(st.cand, t, out.tok)
+        out.logp = torch.where(st.cand, lp, out.logp)
+    for res in st.ew_results:
+        out.tok[res.rows], out.logp[res.rows] = res.tok, res.logp
 
 
-def _finish(tok, logp, probs, gvalid, gtok, nanrow, vocab_start, local_logits, sampled_ok=None):
-    tok = torch.where(gvalid, gtok, tok)
-    logp = torch.where(gvalid, 0.0, logp)
+def _distribution(st, win, out):
+    """This rank's columns of the sampling rows' kept distribution."""
+    keep = win.keep & (st.cand & st.sampling)[:, None]
+    kept_e = torch.where(keep, win.e, 0.0)
+    z = kept_e.sum(1).clamp_min(torch.finfo(_F32).tiny)[:, None]
+    n_real = st.shard.x.shape[1]
+    loc = win.ids - st.shard.start
+    inside = (loc >= 0) & (loc < n_real) & keep
+    rows = inside.nonzero()
+    out.probs[rows[:, 0], loc[rows[:, 0], rows[:, 1]]] = (kept_e / z)[rows[:, 0], rows[:, 1]]
+    for res in st.ew_results:
+        ok = (res.tok >= 0)[:, None]
+        out.probs[res.rows, :n_real] = torch.where(res.keep & ok, res.e / res.Z[:, None], 0.0)
+
+
+def _finish(out, loc, rs, sampled_ok):
+    """Greedy rows take the global argmax; returns (tok, logp, (probs, valid, nanrow))."""
+    gvalid = loc.greedy & loc.valid & ~rs.nanrow & (rs.gmx > _NEG)
+    tok = torch.where(gvalid, rs.gtok, out.tok)
+    logp = torch.where(gvalid, 0.0, out.logp)
     valid = gvalid if sampled_ok is None else gvalid | sampled_ok
-    if probs is not None:
-        loc = gtok - vocab_start
-        g = gvalid & (loc >= 0) & (loc < local_logits.shape[1])
+    if out.probs is not None:
+        at = rs.gtok - loc.shard.start
+        g = gvalid & (at >= 0) & (at < out.probs.shape[1])
         r = g.nonzero().squeeze(1)
-        probs[r, loc[r]] += 1.0
-    return tok, logp, (probs, valid, nanrow)
+        out.probs[r, at[r]] += 1.0
+    return tok, logp, (out.probs, valid, rs.nanrow)
+
+
+# ---------------------------------------------------------------- the call
+
+def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_lens, generator,
+              seed, offset, draw_seeds, comm, want_draw):
+    loc = _local_statistics(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_lens)
+    rs = _first_exchange(loc, V, draw_seeds, generator, seed, offset, comm)
+    B, dev = local_logits.shape[0], local_logits.device
+    out = _Outcome(torch.full((B,), -1, dtype=torch.int64, device=dev),
+                   torch.full((B,), _NEG, device=dev),
+                   None if want_draw else torch.zeros(B, local_logits.shape[1], device=dev))
+    # all_greedy follows from the temperature, which _agree checked is equal on every rank:
+    # every rank runs the candidate rounds, or none does.
+    if loc.all_greedy:
+        return _finish(out, loc, rs, None)
+    st = _sampling_rows(loc, rs, V)
+    K, win = _candidate_rounds(st, V, rs.seed, rs.offset, comm)
+    if want_draw:
+        _draw(st, win, K, V, rs.seed, rs.offset, out)
+    else:
+        _distribution(st, win, out)
+    # Every sampling row keeps at least its max token, so it is valid.
+    return _finish(out, loc, rs, st.sampling)
+
+
+def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt_lens,
+         generator, seed, offset, check, backend, want_draw):
+    group = group if group is not None else dist.group.WORLD
+    comm = _Comm(group, _comm_device(group, local_logits))
+    rank = dist.get_rank(group)
+    err, meta, draw_seeds = None, {}, False
+    try:
+        p, prompt_lens, seed, offset = _validate_local(
+            local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
+            generator, seed, offset, check, backend)
+        draw_seeds = want_draw and seed is None and params.needs_random(p.temperature)
+        meta = _fingerprints(local_logits, vocab_start, vocab_size, p, input_ids, prompt_lens,
+                             seed, offset, check, draw_seeds, want_draw)
+    except ValueError as exc:
+        err = exc
+    table = _agree(comm, err, meta)
+    _check_table(table)
+    dev = local_logits.device
+    # B is a column that _check_table found equal on every rank: all return here, or none.
+    if local_logits.shape[0] == 0:
+        return (torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, device=dev),
+                None)
+    return _pipeline(local_logits, table, rank, vocab_start, vocab_size, p, input_ids,
+                     prompt_lens, generator, seed, offset, draw_seeds, comm, want_draw)
 
 
 def _raise_invalid(valid, nanrow, what):
