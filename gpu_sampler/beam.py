@@ -9,35 +9,12 @@ import torch
 from torch.nn import functional as F
 
 from . import params, rng
+from .rng import ordered_topk
 
 __all__ = ["beam_topk", "beam_topk_reference"]
 
 
 # ---- the beam step --------------------------------------------------------------------------
-
-def _topk_ids(keys, k):
-    """Ids of the k largest keys per row, ordered key desc then id asc (deterministic where
-    torch.topk's order among equal values is not)."""
-    V = keys.shape[1]
-    vals, idx = torch.topk(keys, min(k + 1, V), dim=-1)
-    if k < V:
-        # A tie group straddling the k-th place: which members are in is decided by the
-        # lowest ids, so those (rare) rows take a stable sort of the whole row.
-        straddle = (vals[:, k] == vals[:, k - 1]).nonzero().flatten()
-        if straddle.numel():
-            idx = idx.clone()
-            idx[straddle, :k] = torch.sort(keys[straddle], dim=-1, descending=True,
-                                           stable=True).indices[:, :k]
-    return _order(keys.gather(1, idx[:, :k]), idx[:, :k])
-
-
-def _order(keys, ids):
-    """(keys, ids) of a small candidate set sorted by key desc, then id asc."""
-    ids, pos = ids.sort(dim=-1)
-    keys = keys.gather(1, pos)
-    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
-    return keys.gather(1, order), ids.gather(1, order)
-
 
 def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetition_penalty=1.0,
                         temperature=1.0, input_ids=None, seed=None, offset=0):
@@ -64,7 +41,7 @@ def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetitio
     keys = v
     if seed is not None:
         keys = v + rng.gumbel_rows(seed, offset, torch.arange(V, device=v.device).expand(N, V))
-    keys, ids = _topk_ids(keys, k)
+    keys, ids = ordered_topk(keys, k)
     return (keys if seed is None else v.gather(1, ids)), keys, ids
 
 

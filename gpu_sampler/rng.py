@@ -128,3 +128,27 @@ def first_best(score, ids, V):
     best = score.amax(1, keepdim=True)
     j = torch.where(score == best, ids, V).argmin(1, keepdim=True)
     return ids.gather(1, j).squeeze(1), j
+
+
+def ordered_topk(keys, k):
+    """Ids of the k largest keys per row, ordered key desc then id asc (deterministic where
+    torch.topk's order among equal values is not)."""
+    V = keys.shape[1]
+    vals, idx = torch.topk(keys, min(k + 1, V), dim=-1)
+    if k < V:
+        # A tie group straddling the k-th place: which members are in is decided by the
+        # lowest ids, so those (rare) rows take a stable sort of the whole row.
+        straddle = (vals[:, k] == vals[:, k - 1]).nonzero().flatten()
+        if straddle.numel():
+            idx = idx.clone()
+            idx[straddle, :k] = torch.sort(keys[straddle], dim=-1, descending=True,
+                                           stable=True).indices[:, :k]
+    return _order(keys.gather(1, idx[:, :k]), idx[:, :k])
+
+
+def _order(keys, ids):
+    """(keys, ids) of a small candidate set sorted by key desc, then id asc."""
+    ids, pos = ids.sort(dim=-1)
+    keys = keys.gather(1, pos)
+    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    return keys.gather(1, order), ids.gather(1, order)

@@ -5,14 +5,25 @@ set of rules (params.py); this module validates once and hands both the same nor
 parameters: a Python number for every row, or a contiguous (B,) tensor (float32, or int64 for
 integer ones).
 """
+from typing import NamedTuple
+
 import torch
 
-from . import contrastive, params, reference
+from . import contrastive, edits, params, reference, rng
 from .params import triton_available
 
-__all__ = ["sample", "sampling_distribution", "triton_available"]
+__all__ = ["sample", "sampling_distribution", "triton_available", "SampleOutput"]
 
-_NAMES = params.SAMPLING_NAMES
+MAX_TOP_LOGPROBS = 64
+LOGPROBS_MODES = ("raw", "processed")
+
+
+class SampleOutput(NamedTuple):
+    """``sample(..., top_logprobs=N)``'s result."""
+    tokens: torch.Tensor        # int64 [B]
+    logprobs: torch.Tensor      # float32 [B], under the distribution sampled from
+    top_ids: torch.Tensor       # int64 [B, N], logprob descending, lowest id first on ties
+    top_logprobs: torch.Tensor  # float32 [B, N]
 
 
 def _raise_bad(logits, cd, bad_rows, what):
@@ -33,12 +44,73 @@ def _twin_rows(logits, cd, check):
     return logits if cd is None else contrastive.scores_reference(logits, cd, check)
 
 
+def _edited(logits, cd, logit_edits, check, backend):
+    """(rows, cd) the sampler runs on: with a mask or bias, the edited float32 rows (the
+    contrastive scores materialised first), and no fused contrastive step."""
+    if logit_edits is None:
+        return logits, cd
+    if cd is not None:
+        logits = contrastive.contrastive_scores(logits, cd.amateur_logits, cd_alpha=cd.alpha,
+                                                cd_beta=cd.beta, check=check, backend=backend)
+    return edits.apply_edits(logits, logit_edits), None
+
+
+def _check_top_n(top_logprobs, logprobs_mode):
+    if top_logprobs is None:
+        return None
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) \
+            or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
+                         f"{top_logprobs!r}")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
+                         f"{logprobs_mode!r}")
+    return top_logprobs
+
+
+def _top_n(scores, n):
+    """The n best (ids, values) of float32 [B, V] scores; columns past V are (-1, -inf)."""
+    B, V = scores.shape
+    k = min(n, V)
+    vals, ids = (rng.ordered_topk(scores, k) if k else
+                 (scores[:, :0], torch.empty(B, 0, dtype=torch.int64, device=scores.device)))
+    if k < n:
+        vals = torch.cat([vals, vals.new_full((B, n - k), float("-inf"))], 1)
+        ids = torch.cat([ids, ids.new_full((B, n - k), -1)], 1)
+    return ids, vals
+
+
+def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend):
+    """(tokens, logprobs) from the kernel or the twin; invalid rows give -1 / -inf."""
+    if rows.shape[0] == 0:
+        return (torch.empty(0, dtype=torch.int64, device=rows.device),
+                torch.empty(0, dtype=torch.float32, device=rows.device))
+    if params.pick_backend(backend, rows) == "triton":
+        from . import kernels
+        return kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens,
+                                    seed=seed, offset=offset, **_cd_kwargs(cd), **p.as_kwargs())
+    return reference.twin_sample(_twin_rows(rows, cd, False), p, input_ids, prompt_lens, seed,
+                                 offset)
+
+
+def _probs(rows, cd, p, input_ids, prompt_lens, backend):
+    """float32 [B, V], the distribution ``_draw`` samples from (zero rows where invalid)."""
+    if rows.shape[0] == 0:
+        return torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
+    if params.pick_backend(backend, rows) == "triton":
+        from . import kernels
+        return kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens,
+                                    write_probs=True, **_cd_kwargs(cd), **p.as_kwargs())
+    return reference.twin_distribution(_twin_rows(rows, cd, False), p, input_ids, prompt_lens)
+
+
 @torch.no_grad()  # sampling has no gradient; skipping autograd bookkeeping is ~20% at B=1
 def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
            presence_penalty=0.0, frequency_penalty=0.0, input_ids=None, prompt_lens=None,
            generator=None, seed=None, offset=None, return_logprobs=False, check=True,
            backend="auto", amateur_logits=None, cd_alpha=params.CD_ALPHA,
-           cd_beta=params.CD_BETA):
+           cd_beta=params.CD_BETA, allowed_mask=None, logit_bias=None, top_logprobs=None,
+           logprobs_mode="raw"):
     """Draw one token per row after penalties, temperature, top-k, top-p and min-p.
 
     Args:
@@ -73,8 +145,18 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
             cd_alpha in [0, 1], cd_beta >= 0: numbers or float tensors [B]. The Triton backend
             computes the scores inside its own launches (one extra read of amateur_logits).
 
+        allowed_mask, logit_bias: a request's token mask (int32 [B, ceil(V / 32)], bit j of
+            word w = token 32 w + j allowed) and bias ((ids int64 [B, NB], values float
+            [B, NB]), ids < 0 = padding, duplicates add up, -inf bans), applied to the logits
+            (the contrastive scores) before the penalties (gpu_sampler/edits.py).
+        top_logprobs: None, or N in [0, 64]: also return the N most likely ids and their
+            float32 logprobs per row, descending, lowest id first on ties; past V: -1 / -inf.
+        logprobs_mode: "raw" (log-softmax of ``logits`` as given, what OpenAI-style APIs
+            report) or "processed" (the distribution sampled from; -inf beyond the kept set).
+
     Returns:
-        LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs.
+        LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs; with
+        top_logprobs, a ``SampleOutput`` (tokens, logprobs, top_ids, top_logprobs).
 
     Example:
         >>> import torch, gpu_sampler
@@ -90,26 +172,25 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     p, input_ids, prompt_lens, seed, offset = params.normalise(
         logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
-    B = logits.shape[0]
+    n_top = _check_top_n(top_logprobs, logprobs_mode)
+    rows, cd = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias, check),
+                       check, backend)
     if seed is None:
-        seed = params.draw_seeds(B, logits.device, generator, params.needs_random(p.temperature))
+        seed = params.draw_seeds(logits.shape[0], logits.device, generator,
+                                 params.needs_random(p.temperature))
         offset = 0
-    if B == 0:
-        tok = torch.empty(0, dtype=torch.int64, device=logits.device)
-        logp = torch.empty(0, dtype=torch.float32, device=logits.device)
-    elif params.pick_backend(backend, logits) == "triton":
-        from . import kernels
-        tok, logp = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
-                                         seed=seed, offset=offset, **_cd_kwargs(cd),
-                                         **p.as_kwargs())
-    else:
-        tok, logp = reference.twin_sample(_twin_rows(logits, cd, check), p, input_ids,
-                                          prompt_lens, seed, offset)
-    if check and B > 0:
+    tok, logp = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend)
+    if check and logits.shape[0] > 0:
         bad = tok < 0
         if bool(bad.any()):
-            _raise_bad(logits, cd, bad, "sample")
-    return (tok, logp) if return_logprobs else tok
+            _raise_bad(rows, cd, bad, "sample")
+    if n_top is None:
+        return (tok, logp) if return_logprobs else tok
+    if logprobs_mode == "raw":
+        scores = torch.log_softmax(logits.to(torch.float32), 1)
+    else:
+        scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend))
+    return SampleOutput(tok, logp, *_top_n(scores, n_top))
 
 
 @torch.no_grad()
@@ -117,10 +198,10 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
                           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                           input_ids=None, prompt_lens=None, check=True, backend="auto",
                           amateur_logits=None, cd_alpha=params.CD_ALPHA,
-                          cd_beta=params.CD_BETA):
+                          cd_beta=params.CD_BETA, allowed_mask=None, logit_bias=None):
     """The exact distribution ``sample`` draws from, as float32 [B, V].
 
-    Takes the same filtering / penalty parameters as ``sample`` (see there). Filtered tokens are
+    Takes the same filtering / penalty / mask / bias parameters as ``sample`` (see there). Filtered tokens are
     0; rows with temperature 0 are one-hot at the argmax. Invalid rows (NaN, nothing left) raise
     ValueError with check=True, and are all zeros with check=False.
 
@@ -136,17 +217,11 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
     p, input_ids, prompt_lens, _, _ = params.normalise(
         logits, values, input_ids, prompt_lens, check=check, backend=backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
-    if logits.shape[0] == 0:
-        return torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    if params.pick_backend(backend, logits) == "triton":
-        from . import kernels
-        probs = kernels.fused_sample(logits, input_ids=input_ids, prompt_lens=prompt_lens,
-                                     write_probs=True, **_cd_kwargs(cd), **p.as_kwargs())
-    else:
-        probs = reference.twin_distribution(_twin_rows(logits, cd, check), p, input_ids,
-                                            prompt_lens)
-    if check:
+    rows, cd = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias, check),
+                       check, backend)
+    probs = _probs(rows, cd, p, input_ids, prompt_lens, backend)
+    if check and logits.shape[0] > 0:
         bad = ~(probs.sum(1) > 0)
         if bool(bad.any()):
-            _raise_bad(logits, cd, bad, "sample from")
+            _raise_bad(rows, cd, bad, "sample from")
     return probs

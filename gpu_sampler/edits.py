@@ -1,0 +1,90 @@
+"""Token masks and logit bias: what a request bans or shifts before the sampler's rules.
+
+Applied to the logits (or the contrastive scores) before the penalties, in this order:
+
+    allowed_mask  int32 [B, ceil(V / 32)]: bit j of word w set = token 32 w + j allowed (the
+                  layout grammar engines such as xgrammar fill); other tokens become -inf
+    logit_bias    (ids int64 [B, NB], values float [B, NB]): values added to the logits at
+                  ids (duplicates add up; ids < 0 are padding; -inf bans, +inf forces)
+
+A row that allows no token is invalid (ValueError with check=True, token -1 otherwise).
+This release applies them in torch, as one float32 copy of the rows, on both backends.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+
+__all__ = ["LogitEdits", "prepare_edits", "apply_edits"]
+
+
+class LogitEdits(NamedTuple):
+    allowed: Optional[torch.Tensor]     # bool [B, V]
+    bias_ids: Optional[torch.Tensor]    # int64 [B, NB], padding < 0
+    bias_values: Optional[torch.Tensor]  # float32 [B, NB], 0 at padding
+
+
+def _allowed(mask, B, V, device):
+    words = (V + 31) // 32
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32 \
+            or tuple(mask.shape) != (B, words):
+        raise ValueError(f"allowed_mask must be an int32 tensor [B, ceil(V / 32)] = "
+                         f"[{B}, {words}], got {getattr(mask, 'dtype', type(mask).__name__)} "
+                         f"{tuple(getattr(mask, 'shape', ()))}")
+    if mask.device != device:
+        raise ValueError(f"allowed_mask must be on the logits' device {device}, got "
+                         f"{mask.device}")
+    bits = (mask[:, :, None] >> torch.arange(32, device=device, dtype=torch.int32)) & 1
+    return bits.view(B, words * 32)[:, :V].bool()
+
+
+def _bias(logit_bias, B, V, device, check):
+    if not isinstance(logit_bias, (tuple, list)) or len(logit_bias) != 2:
+        raise ValueError("logit_bias must be a pair (ids LongTensor [B, NB], values float "
+                         f"[B, NB]), got {type(logit_bias).__name__}")
+    ids, values = logit_bias
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != B \
+            or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"logit_bias ids must be an integer tensor [B={B}, NB], got "
+                         f"{getattr(ids, 'shape', type(ids).__name__)}")
+    if not isinstance(values, torch.Tensor) or values.shape != ids.shape \
+            or not values.dtype.is_floating_point:
+        raise ValueError(f"logit_bias values must be a float tensor of the ids' shape "
+                         f"{tuple(ids.shape)}, got {getattr(values, 'shape', type(values))}")
+    if ids.device != device or values.device != device:
+        raise ValueError(f"logit_bias must be on the logits' device {device}")
+    ids = ids.to(torch.int64)
+    values = values.to(torch.float32)
+    if check and ids.numel() and int(ids.max()) >= V:
+        raise ValueError(f"logit_bias ids contain {int(ids.max())}, which is >= the vocabulary "
+                         f"size V={V}")
+    if check and bool(values.isnan().any()):
+        raise ValueError("logit_bias values contain NaN")
+    pad = (ids < 0) | (ids >= V)  # with check=False an out-of-range id is ignored, like padding
+    return ids.masked_fill(pad, 0), values.masked_fill(pad, 0.0)
+
+
+def prepare_edits(logits, allowed_mask, logit_bias, check):
+    """Validated edits for ``logits`` [B, V], or None when there are none."""
+    if allowed_mask is None and logit_bias is None:
+        return None
+    B, V = logits.shape
+    allowed = None if allowed_mask is None else _allowed(allowed_mask, B, V, logits.device)
+    if check and allowed is not None and not bool(allowed.any(1).all()):
+        r = int((~allowed.any(1)).nonzero()[0, 0])
+        raise ValueError(f"allowed_mask row {r} allows no token of the vocabulary (V={V})")
+    ids = values = None
+    if logit_bias is not None:
+        ids, values = _bias(logit_bias, B, V, logits.device, check)
+    return LogitEdits(allowed, ids, values)
+
+
+def apply_edits(rows, edits):
+    """float32 [B, V]: ``rows`` with the mask and the bias applied (a new tensor)."""
+    x = rows.to(torch.float32, copy=True)
+    if edits.allowed is not None:
+        x.masked_fill_(~edits.allowed, float("-inf"))
+    if edits.bias_ids is not None:
+        # Duplicate ids add up; index_put_ with accumulate is deterministic per element.
+        rows_idx = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(edits.bias_ids)
+        x.index_put_((rows_idx, edits.bias_ids), edits.bias_values, accumulate=True)
+    return x

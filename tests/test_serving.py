@@ -1,0 +1,118 @@
+"""What a serving stack sends with a request: top-N logprobs, token masks, logit bias."""
+import pytest
+import torch
+
+import gpu_sampler
+from tests.conftest import BACKENDS
+
+V = 77  # not a multiple of 32
+
+
+def _mask_words(allowed):
+    """int32 [B, ceil(V / 32)] bitmask of a bool [B, V] (the xgrammar layout)."""
+    B, n = allowed.shape
+    words = (n + 31) // 32
+    bits = torch.zeros(B, words * 32, dtype=torch.int64)
+    bits[:, :n] = allowed.long()
+    w = (bits.view(B, words, 32) << torch.arange(32)).sum(2)
+    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+
+
+def _logits(B, g, dtype=torch.float32):
+    x = torch.randint(-4, 4, (B, V), generator=g).float()  # tie-heavy
+    x[0, 10:] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_logprobs_raw_are_log_softmax_topk(backend, dtype):
+    g = torch.Generator().manual_seed(1)
+    x = _logits(4, g, dtype)
+    out = gpu_sampler.sample(x, top_k=5, seed=3, top_logprobs=20, backend=backend)
+    ref = torch.log_softmax(x.float(), 1)
+    want_vals, want_ids = [], []
+    for r in range(4):  # descending, lowest id first among equal values
+        order = sorted(range(V), key=lambda j: (-ref[r, j].item(), j))[:20]
+        want_ids.append(order)
+        want_vals.append(ref[r, order])
+    assert out.top_ids.tolist() == want_ids
+    torch.testing.assert_close(out.top_logprobs, torch.stack(want_vals))
+    assert torch.equal(out.tokens, gpu_sampler.sample(x, top_k=5, seed=3, backend=backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_top_logprobs_processed_are_the_sampled_distribution(backend):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, V, generator=g) * 2
+    kw = dict(temperature=0.7, top_k=torch.tensor([0, 4, 30]), top_p=0.8, backend=backend)
+    out = gpu_sampler.sample(x, seed=5, top_logprobs=8, logprobs_mode="processed", **kw)
+    lp = torch.log(gpu_sampler.sampling_distribution(x, **kw))
+    vals, ids = lp.sort(dim=1, descending=True, stable=True)
+    assert torch.equal(out.top_ids, ids[:, :8])
+    torch.testing.assert_close(out.top_logprobs, vals[:, :8])
+    assert bool(torch.isinf(out.top_logprobs[1, 4:]).all())  # beyond the kept set
+    # The drawn token's logprob is the processed one.
+    torch.testing.assert_close(out.logprobs, lp.gather(1, out.tokens[:, None]).squeeze(1))
+
+
+def test_top_logprobs_wider_than_the_vocabulary_and_zero():
+    x = torch.randn(2, 5)
+    out = gpu_sampler.sample(x, top_logprobs=7, seed=1)
+    assert out.top_ids[:, 5:].eq(-1).all() and torch.isinf(out.top_logprobs[:, 5:]).all()
+    assert gpu_sampler.sample(x, top_logprobs=0, seed=1).top_ids.shape == (2, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_equals_the_masked_chain(backend):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, V, generator=g) * 2
+    allowed = torch.rand(4, V, generator=g) < 0.4
+    allowed[:, 40] = True
+    hist = torch.randint(0, V, (4, 9), generator=g)
+    kw = dict(temperature=0.9, top_k=10, top_p=0.9, repetition_penalty=1.4, input_ids=hist,
+              backend=backend)
+    got = gpu_sampler.sampling_distribution(x, allowed_mask=_mask_words(allowed), **kw)
+    want = gpu_sampler.sampling_distribution(x.masked_fill(~allowed, float("-inf")), **kw)
+    torch.testing.assert_close(got, want)
+    assert bool((got[~allowed] == 0).all())
+    tok = gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=9, **kw)
+    assert bool(allowed.gather(1, tok[:, None]).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logit_bias_duplicates_add_and_inf_bans_or_forces(backend):
+    x = torch.zeros(3, V)
+    ids = torch.tensor([[5, 5, -1], [7, 8, 9], [3, -1, -1]])
+    vals = torch.tensor([[1.0, 1.5, 9.0], [float("-inf"), float("-inf"), 0.0],
+                         [float("inf"), 0.0, 0.0]])
+    p = gpu_sampler.sampling_distribution(x, logit_bias=(ids, vals), backend=backend)
+    want0 = torch.softmax(torch.zeros(V).index_put_((torch.tensor([5]),), torch.tensor(2.5)), 0)
+    torch.testing.assert_close(p[0], want0)  # 1.0 + 1.5 at id 5; the padding adds nothing
+    assert p[1, 7] == 0 and p[1, 8] == 0 and p[1, 9] > 0
+    assert p[2, 3] == 1.0  # +inf forces the token (the overflow rule)
+
+
+def test_nothing_allowed_is_an_invalid_row():
+    x = torch.randn(2, V)
+    allowed = torch.ones(2, V, dtype=torch.bool)
+    allowed[1] = False
+    with pytest.raises(ValueError, match="allowed_mask row 1 allows no token"):
+        gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=1)
+    tok = gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=1, check=False)
+    assert tok[0] >= 0 and tok[1] == -1
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(allowed_mask=torch.zeros(2, 3, dtype=torch.int64)), "allowed_mask must be an int32"),
+    (dict(allowed_mask=torch.zeros(2, 2, dtype=torch.int32)), r"\[2, 3\]"),
+    (dict(logit_bias=(torch.tensor([[V]] * 2), torch.ones(2, 1))), "logit_bias ids contain 77"),
+    (dict(logit_bias=torch.ones(2, 1)), "logit_bias must be a pair"),
+    (dict(logit_bias=(torch.tensor([[1]] * 2), torch.tensor([[float("nan")]] * 2))), "NaN"),
+    (dict(top_logprobs=65), "top_logprobs"),
+    (dict(top_logprobs=-1), "top_logprobs"),
+    (dict(top_logprobs=3, logprobs_mode="final"), "logprobs_mode"),
+])
+def test_bad_serving_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        gpu_sampler.sample(torch.randn(2, V), seed=1, **kw)
