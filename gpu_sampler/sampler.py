@@ -5,7 +5,7 @@ set of rules (params.py); this module validates once and hands both the same nor
 parameters: a Python number for every row, or a contiguous (B,) tensor (float32, or int64 for
 integer ones).
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -169,6 +169,11 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
+    if torch.compiler.is_compiling():
+        extras = dict(amateur_logits=amateur_logits, allowed_mask=allowed_mask,
+                      logit_bias=logit_bias, top_logprobs=top_logprobs, generator=generator)
+        return _traced_sample(logits, values, input_ids, prompt_lens, seed, offset, extras,
+                              return_logprobs, backend)
     p, input_ids, prompt_lens, seed, offset = params.normalise(
         logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
@@ -191,6 +196,60 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     else:
         scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend))
     return SampleOutput(tok, logp, *_top_n(scores, n_top))
+
+
+# ---- the torch op: what torch.compile traces ----------------------------------------------
+
+@torch.library.custom_op("gpu_sampler::sample", mutates_args=())
+def _sample_op(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+               top_p: torch.Tensor, min_p: torch.Tensor, repetition_penalty: torch.Tensor,
+               presence_penalty: torch.Tensor, frequency_penalty: torch.Tensor,
+               input_ids: Optional[torch.Tensor], prompt_lens: Optional[torch.Tensor],
+               seed: torch.Tensor, offset: torch.Tensor, backend: str
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.gpu_sampler.sample``: ``sample(check=False, return_logprobs=True)`` with
+    every parameter a [B] tensor; an opaque op, so a compiled graph keeps no host sync of it."""
+    return sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                  frequency_penalty=frequency_penalty, input_ids=input_ids,
+                  prompt_lens=prompt_lens, seed=seed, offset=offset, return_logprobs=True,
+                  check=False, backend=backend)
+
+
+@_sample_op.register_fake
+def _(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+      frequency_penalty, input_ids, prompt_lens, seed, offset, backend):
+    B = logits.shape[0]
+    return (logits.new_empty(B, dtype=torch.int64), logits.new_empty(B, dtype=torch.float32))
+
+
+def _as_rows(v, B, dtype, device):
+    if isinstance(v, torch.Tensor):
+        return v.to(device=device, dtype=dtype)
+    return torch.full((B,), v, dtype=dtype, device=device)
+
+
+def _traced_sample(logits, values, input_ids, prompt_lens, seed, offset, extras,
+                   return_logprobs, backend):
+    """``sample()`` inside torch.compile: the op, with parameters as [B] tensors. Validation
+    runs in the op's eager body (check=False semantics: invalid rows give -1)."""
+    unsupported = [k for k, v in extras.items() if v is not None]
+    if unsupported:
+        raise NotImplementedError(f"sample() under torch.compile does not take {unsupported} "
+                                  "yet: call it outside the compiled region")
+    B, dev = logits.shape[0], logits.device
+    rows = {k: _as_rows(v, B, torch.int64 if k == "top_k" else torch.float32, dev)
+            for k, v in values.items()}
+    if seed is None:
+        seed, offset = params.draw_seeds(B, dev, None, True), 0
+    offset = 0 if offset is None else offset
+    if prompt_lens is not None:
+        prompt_lens = _as_rows(prompt_lens, B, torch.int64, dev)
+    tok, logp = torch.ops.gpu_sampler.sample(
+        logits, input_ids=input_ids, prompt_lens=prompt_lens,
+        seed=_as_rows(seed, B, torch.int64, dev), offset=_as_rows(offset, B, torch.int64, dev),
+        backend=backend, **rows)
+    return (tok, logp) if return_logprobs else tok
 
 
 @torch.no_grad()

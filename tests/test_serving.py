@@ -116,3 +116,34 @@ def test_nothing_allowed_is_an_invalid_row():
 def test_bad_serving_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
         gpu_sampler.sample(torch.randn(2, V), seed=1, **kw)
+
+
+def test_torch_compile_fullgraph_traces_a_decode_step():
+    from tests.models import tiny_model
+
+    model = tiny_model("llama", seed=4)
+    ids = torch.randint(3, 1000, (3, 6), generator=torch.Generator().manual_seed(4))
+    seeds, pos = torch.tensor([5, 6, 7]), torch.tensor([6, 6, 6])
+
+    def step(ids, seeds, pos):
+        logits = model(input_ids=ids).logits[:, -1, :]
+        return gpu_sampler.sample(logits, temperature=0.8, top_k=torch.tensor([0, 20, 5]),
+                                  top_p=0.9, repetition_penalty=1.3, input_ids=ids, seed=seeds,
+                                  offset=pos, return_logprobs=True)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(ids, seeds, pos)
+        eager = step(ids, seeds, pos)
+    assert torch.equal(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1])
+
+
+def test_the_torch_op_is_registered_correctly():
+    x = torch.randn(2, 50)
+    r = lambda v, dt=torch.float32: torch.full((2,), v, dtype=dt)  # noqa: E731
+    args = (x, r(0.7), r(5, torch.int64), r(0.9), r(0.0), r(1.1), r(0.0), r(0.0),
+            torch.randint(0, 50, (2, 4)), None, r(3, torch.int64), r(0, torch.int64), "auto")
+    torch.library.opcheck(torch.ops.gpu_sampler.sample.default, args)
+    with pytest.raises(Exception, match="top_logprobs"):  # dynamo wraps the error
+        torch.compile(lambda t: gpu_sampler.sample(t, top_logprobs=2, seed=1), fullgraph=True,
+                      backend="eager")(x)
