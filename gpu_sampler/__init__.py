@@ -3,6 +3,8 @@
     sample(logits, ...)                 one token per row (Triton on CUDA, torch twin on CPU)
     sampling_distribution(logits, ...)  the exact [B, V] distribution sample() draws from
     contrastive_scores(logits, ...)     contrastive-decoding scores; beam_topk(...) the beam step
+    speculative_sample(target, drafts)  speculative decoding's verification step
+    Sampler, SamplingSlots              a persistent sampler for serving loops
     StaticKVCache(config, B, max_len)   preallocated, in-place transformers Cache
     generate(model, ...), patch(model)  drop-in for model.generate
 
@@ -12,14 +14,16 @@ of its names is first used, so ``sample()`` alone never loads transformers.
 from .beam import beam_topk
 from .contrastive import contrastive_scores
 from .speculative import speculative_sample
-from .sampler import sample, sampling_distribution, triton_available
+from .sampler import SampleOutput, sample, sampling_distribution, triton_available
+from .serving import Sampler, SamplingSlots
 
 __version__ = "0.1.0"
 
 _HF_NAMES = ("StaticKVCache", "generate", "patch", "unpatch")
 
-__all__ = ["sample", "sampling_distribution", "contrastive_scores", "beam_topk", "speculative_sample",
-           "triton_available", "__version__", *_HF_NAMES]
+__all__ = ["sample", "sampling_distribution", "SampleOutput", "contrastive_scores", "beam_topk",
+           "speculative_sample", "Sampler", "SamplingSlots", "triton_available", "__version__",
+           *_HF_NAMES]
 
 
 def __getattr__(name):

@@ -147,3 +147,56 @@ def test_the_torch_op_is_registered_correctly():
     with pytest.raises(Exception, match="top_logprobs"):  # dynamo wraps the error
         torch.compile(lambda t: gpu_sampler.sample(t, top_logprobs=2, seed=1), fullgraph=True,
                       backend="eager")(x)
+
+
+def test_sampler_slots_buffers_and_batch_independence():
+    g = torch.Generator().manual_seed(8)
+    slots, sampler = gpu_sampler.SamplingSlots(4), gpu_sampler.Sampler(4, V)
+    confs = [dict(temperature=0.0), dict(temperature=0.8, top_p=0.9),
+             dict(temperature=1.0, top_k=5), dict(temperature=0.7, min_p=0.1)]
+    for i, c in enumerate(confs):
+        slots.set_row(i, seed=100 + i, offset=10, **c)
+    ptrs = (sampler.tokens.data_ptr(), sampler.logprobs.data_ptr(), slots.offset.data_ptr())
+    for step in range(3):
+        x = torch.randn(4, V, generator=g)
+        tok, logp = sampler(x, slots, return_logprobs=True)
+        for i, c in enumerate(confs):  # each row is the request alone, at its position
+            row = {k: torch.tensor([v]) for k, v in c.items()}  # per-row, as the slots are
+            want = gpu_sampler.sample(x[i:i + 1], seed=100 + i, offset=10 + step,
+                                      return_logprobs=True, **row)
+            assert int(tok[i]) == int(want[0])
+            # The twin sums a row's mass over a candidate window sized by the whole batch, so
+            # its logprob may differ in the last bit (the kernel's does not).
+            torch.testing.assert_close(logp[i], want[1][0], rtol=1e-6, atol=1e-6)
+    assert (sampler.tokens.data_ptr(), sampler.logprobs.data_ptr(),
+            slots.offset.data_ptr()) == ptrs
+    assert slots.offset.tolist() == [13] * 4
+    slots.set_row(1, temperature=0.0, seed=5)  # a new request in slot 1: defaults elsewhere
+    assert float(slots.top_p[1]) == 1.0 and int(slots.offset[1]) == 0
+    x = torch.randn(2, V, generator=g)
+    assert int(sampler(x, slots)[1]) == int(x[1].argmax())
+    with pytest.raises(ValueError, match="top_p"):
+        slots.set_row(0, top_p=1.5)
+    with pytest.raises(ValueError, match="logits must be"):
+        sampler(torch.randn(5, V), slots)
+
+
+def test_serving_loop_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "serving_loop.py"
+    spec = importlib.util.spec_from_file_location("serving_loop", path)
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    model = loop.tiny_model()
+    done = {r.name: r for r in loop.serve(loop.example_requests(), max_batch=3, model=model)}
+    assert len(done) == 5
+    for r in done.values():
+        assert len(r.out) == r.max_new and len(r.top) == r.max_new
+        assert all(len(t) == r.top_n for t in r.top)
+    assert all(48 <= t <= 57 for t in done["digits only"].out)
+    g = done["greedy"]
+    ref = model.generate(torch.tensor([g.prompt]), max_new_tokens=g.max_new, do_sample=False,
+                         pad_token_id=0)
+    assert ref[0, len(g.prompt):].tolist() == g.out
