@@ -16,7 +16,9 @@ the raw logits first (a -inf commutes with the log-softmax shift, the penalty an
 temperature). Anything else (user processors, top-k / top-p / min-p ... under beam sampling)
 runs transformers' own chain on the log-probs in torch, then the step picks the candidates.
 """
+import dataclasses
 import inspect
+from typing import Any, Optional
 
 import torch
 from torch.nn import functional as F
@@ -91,51 +93,14 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
             "`low_memory=True` is not supported after the beam search refactor. Please check the "
             "discussion in #35802 *after the PR got merged*, and add a comment there if your "
             "questions are not yet answered.")
-    nb, nrs = gc.num_beams, gc.num_return_sequences or 1
-    N, L = input_ids.shape
-    B = N // nb
-    device = input_ids.device
-    max_length = gc.max_length
-    do_sample = bool(gc.do_sample)
-    eos, pad = gc._eos_token_tensor, gc._pad_token_tensor
-    n_eos = eos.shape[0] if eos is not None else 0
-    K = max(2, 1 + n_eos) * nb
-    top_num_beam_mask = torch.arange(K, device=device) < nb
-    crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(stopping_criteria or []),
-                                        tokenizer)
-    fused, masks = _plan(procs, list(user_processors or []), do_sample)
-    want_scores = bool(gc.return_dict_in_generate and gc.output_scores)
-    want_logits = bool(gc.return_dict_in_generate and gc.output_logits)
-
-    # transformers' fill value, `pad or eos[0]` included (a pad id of 0 falls through to eos).
-    fill = (pad if pad is not None and bool(pad) else eos[0]) if eos is not None else -1
-    running_sequences = torch.full((B, nb, max_length), int(fill), dtype=torch.int64,
-                                   device=device)
-    running_sequences[:, :, :L] = input_ids.view(B, nb, L)
-    sequences = running_sequences.clone()
-    running_beam_scores = torch.zeros(B, nb, dtype=torch.float32, device=device)
-    running_beam_scores[:, 1:] = -1e9
-    beam_scores = torch.full((B, nb), -1e9, dtype=torch.float32, device=device)
-    is_sent_finished = torch.zeros(B, nb, dtype=torch.bool, device=device)
-    heuristic_unsat = torch.ones(B, 1, dtype=torch.bool, device=device)
-    running_beam_indices = torch.full((B, nb, max_length - L), -1, dtype=torch.int32,
-                                      device=device)
-    beam_indices = running_beam_indices.clone()
-    batch_offset = torch.arange(B, device=device).view(-1, 1) * nb
-
-    # Repetition-penalty history: left padding is ignored like transformers'
-    # prompt_ignore_length (every beam of an item shares its prompt, so this survives reorders).
-    ignore = prompt_history_mask(attention_mask, max_length)
-    seeds = None
-    if do_sample:
-        seeds = (params.draw_seeds(N, device, None, True) if seed is None
-                 else params.row_seeds(seed, N, device))
-
-    cache_len = max(max_length - 1, L)
-    cache = StaticKVCache(model.config, N, cache_len)
+    plan = _BeamPlan.resolve(model, input_ids, attention_mask, gc, procs, user_processors,
+                             stopping_criteria, tokenizer, seed, backend)
+    beams = _Beams.start(plan, input_ids)
+    cache_len = max(plan.max_length - 1, plan.L)
+    cache = StaticKVCache(model.config, plan.N, cache_len)
     forward = _forward_fn(model, cache)
-    full_mask = torch.ones(N, cache_len, dtype=attention_mask.dtype, device=device)
-    full_mask[:, :L] = attention_mask
+    full_mask = torch.ones(plan.N, cache_len, dtype=attention_mask.dtype, device=plan.device)
+    full_mask[:, :plan.L] = attention_mask
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
     logits = forward(input_ids, attention_mask, pos, token_type_ids)
@@ -144,80 +109,191 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     # share their prompt, so the column survives every reorder.
     tt_last = token_type_ids[:, -1:] if token_type_ids is not None else None
 
-    all_scores = () if want_scores else None
-    raw_logits = () if want_logits else None
-    cur_len = L
+    all_scores = () if plan.want_scores else None
+    raw_logits = () if plan.want_logits else None
     while True:
-        flat = running_sequences[:, :, :cur_len].reshape(N, cur_len)
-        if want_logits:
+        flat = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
+        if plan.want_logits:
             raw_logits += (logits.clone(),)
-        if want_scores:
-            all_scores += (procs(flat, F.log_softmax(logits, dim=-1)),)
-        if fused is None:
-            processed = procs(flat, F.log_softmax(logits, dim=-1))
-            vals, keys, toks = beam_topk(processed, K, normalize=False, seed=seeds,
-                                         offset=cur_len, backend=backend)
-        else:
-            cand = masks(flat, logits.clone()) if len(masks) else None
-            hist = flat.masked_fill(ignore[:, :cur_len], -1)
-            vals, keys, toks = beam_topk(logits, K, candidates=cand, input_ids=hist, seed=seeds,
-                                         offset=cur_len, backend=backend, **fused)
-
-        # Selection across a batch item's beams on the nb * K candidates.
-        acc = (vals.view(B, nb, K) + running_beam_scores[:, :, None]).view(B, nb * K)
-        acc_keys = acc if seeds is None else (
-            keys.view(B, nb, K) + running_beam_scores[:, :, None]).view(B, nb * K)
-        # Stable: equal keys keep (beam, id) order, the lowest flat index first.
-        pick = torch.sort(acc_keys, dim=1, descending=True, stable=True).indices[:, :K]
-        topk_log_probs = acc.gather(1, pick)
-        if seeds is not None:
-            # Beam sampling: the K drawn continuations are ranked by their scores, as
-            # transformers (>= 5.24) orders its multinomial draws.
-            topk_log_probs, order = topk_log_probs.sort(dim=1, descending=True, stable=True)
-            pick = pick.gather(1, order)
-        beam = pick // K
-        token = toks.view(B, nb * K).gather(1, pick)
-
-        topk_sequences = model._gather_beams(running_sequences, beam)
-        topk_sequences[:, :, cur_len] = token
-        topk_beam_indices = model._gather_beams(running_beam_indices, beam)
-        topk_beam_indices[:, :, cur_len - L] = (beam + batch_offset).to(torch.int32)
-
-        hits = crit(topk_sequences[:, :, :cur_len + 1].reshape(B * K, -1), all_scores)
-        hits = hits.to(device).view(B, K)
-        running_sequences, running_beam_scores, running_beam_indices = (
-            model._get_running_beams_for_next_iteration(
-                topk_log_probs=topk_log_probs, topk_running_sequences=topk_sequences,
-                topk_running_beam_indices=topk_beam_indices,
-                next_token_hits_stopping_criteria=hits, num_beams=nb))
-        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
-            sequences=sequences, topk_running_sequences=topk_sequences, beam_scores=beam_scores,
-            topk_log_probs=topk_log_probs, beam_indices=beam_indices,
-            topk_running_beam_indices=topk_beam_indices,
-            is_early_stop_heuristic_unsatisfied=heuristic_unsat,
-            is_sent_finished=is_sent_finished, next_token_hits_stopping_criteria=hits,
-            top_num_beam_mask=top_num_beam_mask, num_beams=nb, cur_len=cur_len,
-            decoder_prompt_len=L, length_penalty=gc.length_penalty,
-            early_stopping=gc.early_stopping)
-        beam_idx = running_beam_indices[:, :, cur_len - L].reshape(N).to(torch.long)
-        cur_len += 1
-        heuristic_unsat = model._check_early_stop_heuristic(
-            is_early_stop_heuristic_unsatisfied=heuristic_unsat,
-            running_beam_scores=running_beam_scores, beam_scores=beam_scores,
-            is_sent_finished=is_sent_finished, cur_len=cur_len, max_length=max_length,
-            decoder_prompt_len=L, early_stopping=gc.early_stopping,
-            length_penalty=gc.length_penalty)
-        if not bool(model._beam_search_has_unfinished_sequences(
-                heuristic_unsat, is_sent_finished, hits, gc.early_stopping)):
+        if plan.want_scores:
+            all_scores += (plan.procs(flat, F.log_softmax(logits, dim=-1)),)
+        vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len)
+        topk = _select(model, plan, beams, vals, keys, toks)
+        beam_idx, unfinished = _update(model, plan, beams, *topk, all_scores)
+        if not unfinished:
             break
         cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
-        logits = forward(running_sequences[:, :, cur_len - 1].reshape(N, 1), full_mask, pos,
-                         tt_last)
+        last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
+        logits = forward(last, full_mask, pos, tt_last)
         pos = pos + 1
+    return _finish(plan, beams, cache, all_scores, raw_logits)
 
-    sequences = sequences[:, :nrs].reshape(B * nrs, max_length)
-    beam_scores = beam_scores[:, :nrs].reshape(B * nrs)
-    beam_indices = beam_indices[:, :nrs].reshape(B * nrs, max_length - L)
+
+@dataclasses.dataclass(frozen=True)
+class _BeamPlan:
+    """What a beam_search call resolved before its loop."""
+    gc: Any
+    procs: lp.LogitsProcessorList    # transformers' chain, on the log-probs
+    nb: int                          # num_beams
+    nrs: int                         # num_return_sequences
+    N: int                           # rows: B * nb
+    B: int                           # batch items
+    L: int                           # prompt length
+    K: int                           # candidates kept per beam row (and per item)
+    max_length: int
+    device: torch.device
+    crit: sc.StoppingCriteriaList
+    fused: Optional[dict]            # the fused step's kwargs, None: the chain runs in torch
+    masks: Optional[lp.LogitsProcessorList]  # -inf masks run before the fused step
+    want_scores: bool
+    want_logits: bool
+    ignore: torch.Tensor             # bool [N, max_length]: left padding, out of the history
+    seeds: Optional[torch.Tensor]    # row seeds under beam sampling
+    top_num_beam_mask: torch.Tensor  # bool [K]: the first nb candidates
+    batch_offset: torch.Tensor       # [B, 1] first row of each item
+    backend: str
+
+    @classmethod
+    def resolve(cls, model, input_ids, attention_mask, gc, procs, user_processors,
+                stopping_criteria, tokenizer, seed, backend):
+        nb = gc.num_beams
+        N, L = input_ids.shape
+        device = input_ids.device
+        do_sample = bool(gc.do_sample)
+        eos = gc._eos_token_tensor
+        n_eos = eos.shape[0] if eos is not None else 0
+        K = max(2, 1 + n_eos) * nb
+        crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(stopping_criteria or []),
+                                            tokenizer)
+        fused, masks = _plan(procs, list(user_processors or []), do_sample)
+        seeds = None
+        if do_sample:
+            seeds = (params.draw_seeds(N, device, None, True) if seed is None
+                     else params.row_seeds(seed, N, device))
+        return cls(
+            gc=gc, procs=procs, nb=nb, nrs=gc.num_return_sequences or 1, N=N, B=N // nb, L=L,
+            K=K, max_length=gc.max_length, device=device, crit=crit, fused=fused, masks=masks,
+            want_scores=bool(gc.return_dict_in_generate and gc.output_scores),
+            want_logits=bool(gc.return_dict_in_generate and gc.output_logits),
+            # Repetition-penalty history: left padding is ignored like transformers'
+            # prompt_ignore_length (every beam of an item shares its prompt, so this survives
+            # reorders).
+            ignore=prompt_history_mask(attention_mask, gc.max_length), seeds=seeds,
+            top_num_beam_mask=torch.arange(K, device=device) < nb,
+            batch_offset=torch.arange(N // nb, device=device).view(-1, 1) * nb, backend=backend)
+
+
+@dataclasses.dataclass(eq=False)
+class _Beams:
+    """transformers 5.x's beam-search state: running and finished beams, their scores and
+    beam indices, the early-stopping heuristic, and the current length."""
+    running_sequences: torch.Tensor     # [B, nb, max_length]
+    running_beam_scores: torch.Tensor   # [B, nb]
+    running_beam_indices: torch.Tensor  # [B, nb, max_length - L]
+    sequences: torch.Tensor             # finished: [B, nb, max_length]
+    beam_scores: torch.Tensor           # [B, nb]
+    beam_indices: torch.Tensor          # [B, nb, max_length - L]
+    is_sent_finished: torch.Tensor      # bool [B, nb]
+    heuristic_unsat: torch.Tensor       # bool [B, 1]
+    cur_len: int
+
+    @classmethod
+    def start(cls, plan, input_ids):
+        gc, B, nb, L, device = plan.gc, plan.B, plan.nb, plan.L, plan.device
+        eos, pad = gc._eos_token_tensor, gc._pad_token_tensor
+        # transformers' fill value, `pad or eos[0]` included (a pad id of 0 falls through to eos).
+        fill = (pad if pad is not None and bool(pad) else eos[0]) if eos is not None else -1
+        running = torch.full((B, nb, plan.max_length), int(fill), dtype=torch.int64,
+                             device=device)
+        running[:, :, :L] = input_ids.view(B, nb, L)
+        running_scores = torch.zeros(B, nb, dtype=torch.float32, device=device)
+        running_scores[:, 1:] = -1e9
+        running_indices = torch.full((B, nb, plan.max_length - L), -1, dtype=torch.int32,
+                                     device=device)
+        return cls(running_sequences=running, running_beam_scores=running_scores,
+                   running_beam_indices=running_indices, sequences=running.clone(),
+                   beam_scores=torch.full((B, nb), -1e9, dtype=torch.float32, device=device),
+                   beam_indices=running_indices.clone(),
+                   is_sent_finished=torch.zeros(B, nb, dtype=torch.bool, device=device),
+                   heuristic_unsat=torch.ones(B, 1, dtype=torch.bool, device=device),
+                   cur_len=L)
+
+
+def _candidates(plan, flat, logits, cur_len):
+    """(values, sort keys, tokens) [N, K]: each beam row's best continuations."""
+    if plan.fused is None:
+        processed = plan.procs(flat, F.log_softmax(logits, dim=-1))
+        return beam_topk(processed, plan.K, normalize=False, seed=plan.seeds, offset=cur_len,
+                         backend=plan.backend)
+    cand = plan.masks(flat, logits.clone()) if len(plan.masks) else None
+    hist = flat.masked_fill(plan.ignore[:, :cur_len], -1)
+    return beam_topk(logits, plan.K, candidates=cand, input_ids=hist, seed=plan.seeds,
+                     offset=cur_len, backend=plan.backend, **plan.fused)
+
+
+def _select(model, plan, beams, vals, keys, toks):
+    """(top-K log-probs, sequences, beam indices) per item, chosen across its beams on the
+    nb * K candidates."""
+    B, nb, K, cur_len = plan.B, plan.nb, plan.K, beams.cur_len
+    running = beams.running_beam_scores[:, :, None]
+    acc = (vals.view(B, nb, K) + running).view(B, nb * K)
+    acc_keys = acc if plan.seeds is None else (keys.view(B, nb, K) + running).view(B, nb * K)
+    # Stable: equal keys keep (beam, id) order, the lowest flat index first.
+    pick = torch.sort(acc_keys, dim=1, descending=True, stable=True).indices[:, :K]
+    topk_log_probs = acc.gather(1, pick)
+    if plan.seeds is not None and compat.beam_sampling_ranks_draws():
+        # Beam sampling: the K drawn continuations are ranked by their scores, as
+        # transformers (>= 5.24) orders its multinomial draws.
+        topk_log_probs, order = topk_log_probs.sort(dim=1, descending=True, stable=True)
+        pick = pick.gather(1, order)
+    beam = pick // K
+    token = toks.view(B, nb * K).gather(1, pick)
+    topk_sequences = model._gather_beams(beams.running_sequences, beam)
+    topk_sequences[:, :, cur_len] = token
+    topk_beam_indices = model._gather_beams(beams.running_beam_indices, beam)
+    topk_beam_indices[:, :, cur_len - plan.L] = (beam + plan.batch_offset).to(torch.int32)
+    return topk_log_probs, topk_sequences, topk_beam_indices
+
+
+def _update(model, plan, beams, topk_log_probs, topk_sequences, topk_beam_indices, all_scores):
+    """transformers' bookkeeping for one step, on `beams` in place. Returns (the rows the cache
+    is reordered by, whether any item is unfinished)."""
+    gc, L, nb, cur_len = plan.gc, plan.L, plan.nb, beams.cur_len
+    hits = plan.crit(topk_sequences[:, :, :cur_len + 1].reshape(plan.B * plan.K, -1), all_scores)
+    hits = hits.to(plan.device).view(plan.B, plan.K)
+    beams.running_sequences, beams.running_beam_scores, beams.running_beam_indices = (
+        model._get_running_beams_for_next_iteration(
+            topk_log_probs=topk_log_probs, topk_running_sequences=topk_sequences,
+            topk_running_beam_indices=topk_beam_indices,
+            next_token_hits_stopping_criteria=hits, num_beams=nb))
+    beams.sequences, beams.beam_scores, beams.beam_indices, beams.is_sent_finished = (
+        model._update_finished_beams(
+            sequences=beams.sequences, topk_running_sequences=topk_sequences,
+            beam_scores=beams.beam_scores, topk_log_probs=topk_log_probs,
+            beam_indices=beams.beam_indices, topk_running_beam_indices=topk_beam_indices,
+            is_early_stop_heuristic_unsatisfied=beams.heuristic_unsat,
+            is_sent_finished=beams.is_sent_finished, next_token_hits_stopping_criteria=hits,
+            top_num_beam_mask=plan.top_num_beam_mask, num_beams=nb, cur_len=cur_len,
+            decoder_prompt_len=L, length_penalty=gc.length_penalty,
+            early_stopping=gc.early_stopping))
+    beam_idx = beams.running_beam_indices[:, :, cur_len - L].reshape(plan.N).to(torch.long)
+    beams.cur_len += 1
+    beams.heuristic_unsat = model._check_early_stop_heuristic(
+        is_early_stop_heuristic_unsatisfied=beams.heuristic_unsat,
+        running_beam_scores=beams.running_beam_scores, beam_scores=beams.beam_scores,
+        is_sent_finished=beams.is_sent_finished, cur_len=beams.cur_len,
+        max_length=plan.max_length, decoder_prompt_len=L, early_stopping=gc.early_stopping,
+        length_penalty=gc.length_penalty)
+    return beam_idx, bool(model._beam_search_has_unfinished_sequences(
+        beams.heuristic_unsat, beams.is_sent_finished, hits, gc.early_stopping))
+
+
+def _finish(plan, beams, cache, all_scores, raw_logits):
+    """What model.generate returns: the best num_return_sequences per item."""
+    B, nrs, L, gc = plan.B, plan.nrs, plan.L, plan.gc
+    sequences = beams.sequences[:, :nrs].reshape(B * nrs, plan.max_length)
+    beam_scores = beams.beam_scores[:, :nrs].reshape(B * nrs)
+    beam_indices = beams.beam_indices[:, :nrs].reshape(B * nrs, plan.max_length - L)
     n = int((beam_indices + 1).bool().sum(dim=1).max())
     sequences, beam_indices = sequences[:, :L + n], beam_indices[:, :n]
     if not gc.return_dict_in_generate:
