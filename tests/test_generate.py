@@ -9,7 +9,8 @@ from transformers.generation.streamers import BaseStreamer
 
 import gpu_sampler
 from gpu_sampler.hf.cache import StaticKVCache
-from gpu_sampler.hf.generation import generate, patch, unpatch
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch, unpatch
 from tests.models import ARCHS, tiny_model, train_tokenizer
 
 V = 1000

@@ -15,7 +15,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, DynamicCache, Genera
 from transformers.generation import logits_process as lp
 
 from gpu_sampler.hf.cache import StaticKVCache
-from gpu_sampler.hf.generation import generate, patch
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch
 from gpu_sampler.tiny import seeded_random_model
 
 V = 128

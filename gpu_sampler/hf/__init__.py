@@ -4,6 +4,7 @@ Imports transformers; ``import gpu_sampler`` loads this package only when one of
 is first used.
 """
 from .cache import StaticKVCache
-from .generation import generate, patch, unpatch
+from .generation import generate
+from .patch import patch, unpatch
 
 __all__ = ["StaticKVCache", "generate", "patch", "unpatch"]

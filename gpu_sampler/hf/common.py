@@ -18,3 +18,16 @@ def prompt_history_mask(mask, width):
     padding), which the repetition penalty ignores like transformers' prompt_ignore_length."""
     first = (mask != 0).int().argmax(dim=1)
     return torch.arange(width, device=mask.device)[None, :] < first[:, None]
+
+
+class Unsupported(NotImplementedError):
+    """What gpu_sampler.generate does not run: an argument, a setting or a model kind.
+
+    ``feature`` names it; a patched ``model.generate`` warns once per model and feature when it
+    hands such a call to transformers. Raised while the call is resolved, before the model runs,
+    a cache is written, a streamer is fed or a random number is drawn.
+    """
+
+    def __init__(self, feature, message=None):
+        self.feature = feature
+        super().__init__(message or f"gpu_sampler.generate does not support {feature}")

@@ -30,9 +30,14 @@ from ..sampler import sample
 from .amateur import pop_generate_args
 from .cache import StaticKVCache
 from . import compat
-from .common import MASKS, is_in, prompt_history_mask
+from .common import MASKS, Unsupported, is_in, prompt_history_mask
 
-__all__ = ["generate", "patch", "unpatch"]
+__all__ = ["generate", "EXTRA_ARGS"]
+
+# generate() arguments transformers' generate does not have (a call using one cannot be handed
+# to transformers without changing its meaning).
+EXTRA_ARGS = ("presence_penalty", "frequency_penalty", "seed", "compile", "amateur_model",
+              "cd_alpha", "cd_beta")
 
 # How often (in decode steps) the loop reads `unfinished.any()` back to the host. Between
 # checks no step synchronises; steps run after every row finished are trimmed from the output.
@@ -90,14 +95,14 @@ def _plan_processors(procs, user, do_sample):
     for p in procs:
         name = type(p).__name__
         if not is_in(p, user) and name in _UNSUPPORTED_PROCESSORS:
-            raise NotImplementedError(
-                f"gpu_sampler.generate does not support `{_UNSUPPORTED_PROCESSORS[name]}` "
-                f"({name}); use model.generate for it")
+            arg = _UNSUPPORTED_PROCESSORS[name]
+            raise Unsupported(f"`{arg}`", f"gpu_sampler.generate does not support `{arg}` "
+                                          f"({name}); use model.generate for it")
         if not is_in(p, user) and not isinstance(
                 p, MASKS + _TORCH_ONLY + (lp.RepetitionPenaltyLogitsProcessor,)
                 + tuple(c for c, _ in _WARPERS)):
-            raise NotImplementedError(f"gpu_sampler.generate does not support the logits processor "
-                                      f"{name} that the generation config enables")
+            raise Unsupported(name, f"gpu_sampler.generate does not support the logits "
+                                    f"processor {name} that the generation config enables")
     fused = {}
     cut = len(procs)
     rank = len(_WARPERS)
@@ -177,8 +182,9 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     returns them) and ``past_key_values`` (a ``DynamicCache`` by default, the ``StaticCache``
     for ``cache_implementation="static"``, the passed cache when one was given).
 
-    Raises NotImplementedError naming any argument it does not support (beam search, assisted
-    decoding, ...) and ValueError for invalid arguments, like transformers.
+    Raises ``Unsupported`` (a NotImplementedError; ``.feature`` names it) for any argument or
+    model it does not support (assisted decoding, encoder-decoder models, ...), before any side
+    effect, and ValueError for invalid arguments, like transformers.
 
     Example
     -------
@@ -206,10 +212,16 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     if beams and streamer is not None and not run.gc.do_sample:
         raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
                          "`num_beams` is set to 1.")
-    _prepare_inputs(model, run, inputs, streamer)
+    _prepare_inputs(model, run, inputs)
+    if beams:
+        _refuse_beam_options(run, extras)
+    else:
+        _plan_step(model, run, logits_processor, stopping_criteria, extras)
+    # Fed only now: every refusal (Unsupported) comes before the first side effect.
+    if streamer is not None:
+        streamer.put(run.input_ids.cpu())
     if beams:
         return _beam_search(model, run, logits_processor, stopping_criteria, extras)
-    _plan_step(model, run, logits_processor, stopping_criteria, extras)
     state = _allocate(model, run)
     return _decode(model, run, state, streamer)
 
@@ -217,16 +229,16 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
 def _refuse_arguments(synced_gpus, **named):
     for name, value in named.items():
         if value is not None:
-            raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`")
+            raise Unsupported(f"`{name}`")
     if synced_gpus:
-        raise NotImplementedError("gpu_sampler.generate does not support `synced_gpus=True`")
+        raise Unsupported("`synced_gpus=True`")
 
 
 def _pop_extras(kwargs):
     """Remove and validate the arguments transformers' generate does not have."""
     for name in _UNSUPPORTED_ARGS:
         if kwargs.pop(name, None) is not None:
-            raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`")
+            raise Unsupported(f"`{name}`")
     return types.SimpleNamespace(
         presence=_check_extra("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
         frequency=_check_extra("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
@@ -238,10 +250,11 @@ def _pop_extras(kwargs):
 def _resolve_config(model, generation_config, kwargs):
     """transformers' config priority: kwargs > generation_config > the model's defaults."""
     if getattr(model.config, "is_encoder_decoder", False):
-        raise NotImplementedError("gpu_sampler.generate supports decoder-only models only")
+        raise Unsupported("encoder-decoder models",
+                          "gpu_sampler.generate supports decoder-only models only")
     if not model._supports_default_dynamic_cache():
-        raise NotImplementedError(f"gpu_sampler.generate does not support {type(model).__name__} "
-                                  f"(its cache is not a transformers key/value Cache)")
+        raise Unsupported(f"{type(model).__name__} (its cache is not a transformers key/value "
+                          f"Cache)")
     defaults = model.generation_config
     has_default_max = (kwargs.get("max_length") is None and (
         generation_config is None or generation_config.max_length is None)
@@ -260,12 +273,12 @@ def _refuse_unsupported(gc, model_kwargs):
     for name, bad in _UNSUPPORTED_CONFIG:
         value = getattr(gc, name, None)
         if bad(value):
-            raise NotImplementedError(f"gpu_sampler.generate does not support `{name}`={value!r}")
+            raise Unsupported(f"`{name}`", f"gpu_sampler.generate does not support "
+                                           f"`{name}`={value!r}")
     other = sorted(k for k, v in model_kwargs.items()
                    if k not in _MODEL_INPUTS and k != "attention_mask" and v is not None)
     if other:
-        raise NotImplementedError(f"gpu_sampler.generate does not support the model arguments "
-                                  f"{other}")
+        raise Unsupported(f"the model arguments {other}")
 
 
 def _check_prompt(input_ids):
@@ -279,7 +292,7 @@ def _check_prompt(input_ids):
         raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
 
 
-def _prepare_inputs(model, run, inputs, streamer):
+def _prepare_inputs(model, run, inputs):
     """Prompt, mask, positions and lengths, as transformers' generate prepares them.
 
     Two coordinate systems: `out` holds the returned sequences (input_ids + new tokens, L0
@@ -311,8 +324,6 @@ def _prepare_inputs(model, run, inputs, streamer):
     expand = max(gc.num_beams or 1, gc.num_return_sequences or 1)
     input_ids, mk = model._expand_inputs_for_generation(input_ids=input_ids, expand_size=expand,
                                                          **mk)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
     L0 = input_ids.shape[1]
     gc = model._prepare_generated_length(gc, run.has_default_max, run.has_default_min,
                                          input_name, inputs_tensor=inputs_tensor,
@@ -367,9 +378,7 @@ def _processors(model, run, logits_processor):
     return procs, user_lp
 
 
-def _beam_search(model, run, logits_processor, stopping_criteria, extras):
-    """num_beams > 1: gpu_sampler.beam's loop on the prepared (beam-expanded) inputs."""
-    from .beam_search import beam_search
+def _refuse_beam_options(run, extras):
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
@@ -377,8 +386,13 @@ def _beam_search(model, run, logits_processor, stopping_criteria, extras):
         ("output_attentions", run.gc.output_attentions),
         ("output_hidden_states", run.gc.output_hidden_states)) if on]
     if unsupported:
-        raise NotImplementedError(f"gpu_sampler.generate does not support {unsupported} "
-                                  f"with num_beams > 1")
+        raise Unsupported(f"{unsupported} with num_beams > 1")
+
+
+def _beam_search(model, run, logits_processor, stopping_criteria, extras):
+    """num_beams > 1: gpu_sampler.hf.beam_search's loop on the prepared (beam-expanded)
+    inputs."""
+    from .beam_search import beam_search
     procs, user_lp = _processors(model, run, logits_processor)
     mk = run.model_kwargs
     return beam_search(model, run.input_ids, run.mask, run.gc, procs, user_lp, stopping_criteria,
@@ -416,8 +430,9 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     run.compile = extras.compile
     run.contrastive = extras.contrastive
     if run.contrastive is not None and (run.embeds is not None or run.past):
-        raise NotImplementedError("contrastive decoding (amateur_model) takes input_ids only: "
-                                  "not inputs_embeds or a filled past_key_values")
+        raise Unsupported("amateur_model with inputs_embeds or a filled past_key_values",
+                          "contrastive decoding (amateur_model) takes input_ids only: not "
+                          "inputs_embeds or a filled past_key_values")
 
     rd = bool(gc.return_dict_in_generate)
     run.want_scores = rd and bool(gc.output_scores)
@@ -790,39 +805,3 @@ def _raise_if_invalid(invalid):
         rows = invalid.nonzero().flatten().tolist()
         raise ValueError(f"rows {rows} have no valid token to sample (NaN logits, or every token "
                          f"filtered to -inf by the processors)")
-
-
-def _patched_generate(model, *args, **kwargs):
-    return generate(model, *args, **kwargs)
-
-
-def patch(model):
-    """Make ``model.generate`` run :func:`generate` (this instance only; see :func:`unpatch`).
-
-    Returns the model. Patching twice is a no-op.
-
-    Example
-    -------
-    >>> from gpu_sampler import patch, unpatch
-    >>> patch(model)            # model.generate(...) now uses gpu_sampler  # doctest: +SKIP
-    >>> unpatch(model)          # back to transformers' generate            # doctest: +SKIP
-    """
-    current = model.__dict__.get("generate")
-    if getattr(current, "__func__", None) is _patched_generate:
-        return model
-    model.__dict__["_gpu_sampler_saved_generate"] = current
-    model.__dict__["generate"] = types.MethodType(_patched_generate, model)
-    return model
-
-
-def unpatch(model):
-    """Undo :func:`patch`: ``model.generate`` is what it was before. Returns the model."""
-    current = model.__dict__.get("generate")
-    if getattr(current, "__func__", None) is not _patched_generate:
-        return model
-    saved = model.__dict__.pop("_gpu_sampler_saved_generate", None)
-    if saved is None:
-        del model.__dict__["generate"]
-    else:
-        model.__dict__["generate"] = saved
-    return model

@@ -1,0 +1,138 @@
+"""patch(model): a patched model.generate never breaks code that ran with transformers'.
+
+What gpu_sampler.generate refuses (Unsupported) is handed to transformers' generate with one
+warning per model and feature; fallback=False, or a call using gpu_sampler-only arguments,
+raises instead. The fallback must be the very call the user made: same tokens, same outputs,
+the streamer fed once.
+"""
+import warnings
+
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+from transformers.generation.streamers import BaseStreamer
+
+import gpu_sampler
+from gpu_sampler.hf.common import Unsupported
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch, unpatch
+from tests.models import tiny_model
+
+
+def _prompts(seed, B=2, L=6, vocab=1000):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (B, L), generator=g)
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[0, :2] = 0  # left padding on one row
+    return ids, mask
+
+
+def _fallbacks(record):
+    return [w for w in record if issubclass(w.category, UserWarning)
+            and "gpu_sampler" in str(w.message)]
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+BEAM_ATTN = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                 output_attentions=True, output_scores=True)
+
+
+def test_unsupported_call_runs_transformers_generate_with_one_warning():
+    model = tiny_model("llama", seed=31)
+    ids, mask = _prompts(31)
+    ref = model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+    patch(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        outs = [model.generate(ids, attention_mask=mask, **BEAM_ATTN) for _ in range(2)]
+    assert len(_fallbacks(record)) == 1  # once per model and feature
+    assert "output_attentions" in str(_fallbacks(record)[0].message)
+    for out in outs:
+        for field in ("sequences", "sequences_scores", "scores", "beam_indices", "attentions"):
+            assert _same(getattr(out, field), getattr(ref, field)), field
+    unpatch(model)
+
+
+def test_direct_generate_and_fallback_false_raise():
+    model = tiny_model("llama", seed=32)
+    ids, mask = _prompts(32)
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        generate(model, ids, attention_mask=mask, **BEAM_ATTN)
+    patch(model, fallback=False)
+    with pytest.raises(Unsupported) as info:
+        model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+    assert isinstance(info.value, NotImplementedError) and "num_beams" in str(info.value)
+    patch(model)  # patching again only switches the fallback on
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+    unpatch(model)
+    assert "generate" not in model.__dict__
+
+
+def test_gpu_sampler_only_arguments_are_never_handed_over():
+    model = patch(tiny_model("llama", seed=33))
+    ids, mask = _prompts(33)
+    with pytest.raises(Unsupported) as info:
+        model.generate(ids, attention_mask=mask, seed=0, **BEAM_ATTN)
+    assert "seed" in "".join(getattr(info.value, "__notes__", []))
+
+
+class _Recorder(BaseStreamer):
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(value.clone())
+
+    def end(self):
+        self.calls.append("end")
+
+
+def test_refusal_after_input_preparation_feeds_the_streamer_once():
+    # encoder_repetition_penalty is refused while the processors are planned, after the inputs
+    # are prepared: the streamer must see transformers' calls only, the prompt once.
+    model = tiny_model("llama", seed=34)
+    ids, mask = _prompts(34)
+    kw = dict(max_new_tokens=5, do_sample=False, encoder_repetition_penalty=1.5)
+    rec_hf, rec = _Recorder(), _Recorder()
+    ref = model.generate(ids, attention_mask=mask, streamer=rec_hf, **kw)
+    patch(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = model.generate(ids, attention_mask=mask, streamer=rec, **kw)
+    assert len(_fallbacks(record)) == 1 and "encoder_repetition_penalty" in str(
+        _fallbacks(record)[0].message)
+    assert torch.equal(out, ref)
+    assert len(rec.calls) == len(rec_hf.calls)
+    assert all(_same(x, y) for x, y in zip(rec.calls, rec_hf.calls))
+
+
+def test_encoder_decoder_model_falls_back_token_identical():
+    torch.manual_seed(35)
+    cfg = T5Config(vocab_size=200, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(cfg).eval()
+    ids = torch.randint(2, 200, (2, 7), generator=torch.Generator().manual_seed(35))
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False)
+    gpu_sampler.patch(model)
+    with pytest.warns(UserWarning, match="encoder-decoder"):
+        out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, ref)
+
+
+def test_supported_calls_do_not_warn():
+    model = patch(tiny_model("gpt2", seed=36))
+    ids, mask = _prompts(36)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2, do_sample=False)
+    assert not _fallbacks(record)
