@@ -340,3 +340,32 @@ def test_beam_kernel_compiles_for_sm90():
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert all(int(n) > 0 for n in r.stdout.split())
+
+
+def _same_tuples(ours, ref, what):
+    assert isinstance(ours, tuple) and len(ours) == len(ref), what
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        if isinstance(b, tuple):
+            _same_tuples(a, b, f"{what}[{i}]")
+        else:
+            assert a.shape == b.shape, (what, i, a.shape, b.shape)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{what}[{i}]")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_beam_search_returns_attentions_and_hidden_states_like_hf(arch):
+    # Per model call, as the model gave them (not beam-reordered), over the written positions
+    # only (transformers runs beam search on a DynamicCache): left padding included.
+    model = tiny_model(arch, seed=6)
+    model.set_attn_implementation("eager")
+    ids, mask = _prompts([7, 3], _seed())
+    kw = dict(attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=5,
+              do_sample=False, return_dict_in_generate=True, output_scores=True,
+              output_attentions=True, output_hidden_states=True)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert torch.equal(out.beam_indices, ref.beam_indices)
+    _same_tuples(out.attentions, ref.attentions, "attentions")
+    _same_tuples(out.hidden_states, ref.hidden_states, "hidden_states")
+    assert len(out.attentions) == len(out.scores)  # one model call per step

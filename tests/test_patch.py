@@ -40,48 +40,54 @@ def _same(a, b):
     return a == b
 
 
-BEAM_ATTN = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
-                 output_attentions=True, output_scores=True)
+# Beam search from inputs_embeds: transformers runs it, gpu_sampler refuses it.
+BEAM_EMB = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                output_scores=True)
+
+
+def _embedded(model, seed):
+    ids, mask = _prompts(seed)
+    with torch.no_grad():
+        return dict(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask)
 
 
 def test_unsupported_call_runs_transformers_generate_with_one_warning():
     model = tiny_model("llama", seed=31)
-    ids, mask = _prompts(31)
-    ref = model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+    inputs = _embedded(model, 31)
+    ref = model.generate(**inputs, **BEAM_EMB)
     patch(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        outs = [model.generate(ids, attention_mask=mask, **BEAM_ATTN) for _ in range(2)]
+        outs = [model.generate(**inputs, **BEAM_EMB) for _ in range(2)]
     assert len(_fallbacks(record)) == 1  # once per model and feature
-    assert "output_attentions" in str(_fallbacks(record)[0].message)
+    assert "inputs_embeds" in str(_fallbacks(record)[0].message)
     for out in outs:
-        for field in ("sequences", "sequences_scores", "scores", "beam_indices", "attentions"):
+        for field in ("sequences", "sequences_scores", "scores", "beam_indices"):
             assert _same(getattr(out, field), getattr(ref, field)), field
     unpatch(model)
 
 
 def test_direct_generate_and_fallback_false_raise():
     model = tiny_model("llama", seed=32)
-    ids, mask = _prompts(32)
-    with pytest.raises(NotImplementedError, match="output_attentions"):
-        generate(model, ids, attention_mask=mask, **BEAM_ATTN)
+    inputs = _embedded(model, 32)
+    with pytest.raises(NotImplementedError, match="inputs_embeds"):
+        generate(model, **inputs, **BEAM_EMB)
     patch(model, fallback=False)
     with pytest.raises(Unsupported) as info:
-        model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+        model.generate(**inputs, **BEAM_EMB)
     assert isinstance(info.value, NotImplementedError) and "num_beams" in str(info.value)
     patch(model)  # patching again only switches the fallback on
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.generate(ids, attention_mask=mask, **BEAM_ATTN)
+        model.generate(**inputs, **BEAM_EMB)
     unpatch(model)
     assert "generate" not in model.__dict__
 
 
 def test_gpu_sampler_only_arguments_are_never_handed_over():
     model = patch(tiny_model("llama", seed=33))
-    ids, mask = _prompts(33)
     with pytest.raises(Unsupported) as info:
-        model.generate(ids, attention_mask=mask, seed=0, **BEAM_ATTN)
+        model.generate(**_embedded(model, 33), seed=0, **BEAM_EMB)
     assert "seed" in "".join(getattr(info.value, "__notes__", []))
 
 

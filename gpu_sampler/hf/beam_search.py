@@ -24,6 +24,7 @@ import torch
 from torch.nn import functional as F
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
+from transformers import DynamicCache
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput
 
 from .. import params
@@ -55,11 +56,17 @@ def _plan(procs, user, do_sample):
     return fused, lp.LogitsProcessorList(masks)
 
 
-def _forward_fn(model, cache):
+def _forward_fn(model, cache, plan):
+    """forward(ids, mask, pos, token_type_ids) -> the model's output (last position's logits,
+    plus attentions / hidden states where the call returns them)."""
     params = inspect.signature(model.forward).parameters
     fwd = {compat.cache_arg(model): cache, "use_cache": True}
     if "logits_to_keep" in params:
         fwd["logits_to_keep"] = 1
+    if plan.want_attn:
+        fwd["output_attentions"] = True
+    if plan.want_hidden:
+        fwd["output_hidden_states"] = True
     takes_mask, takes_pos = "attention_mask" in params, "position_ids" in params
 
     def forward(ids, mask, pos, token_type_ids=None):
@@ -70,8 +77,36 @@ def _forward_fn(model, cache):
             kw["position_ids"] = pos
         if token_type_ids is not None:
             kw["token_type_ids"] = token_type_ids
-        return model(input_ids=ids, **kw).logits[:, -1, :].to(torch.float32, copy=True)
+        return model(input_ids=ids, **kw)
     return forward
+
+
+def _last_logits(out):
+    return out.logits[:, -1, :].to(torch.float32, copy=True)
+
+
+class _Recorded:
+    """The per-step tuples transformers returns: scores, raw logits, attentions, hidden states
+    (each None unless asked for), in its order: one entry per model call, as the model gave it
+    (not beam-reordered)."""
+
+    def __init__(self, plan):
+        self.scores = () if plan.want_scores else None
+        self.logits = () if plan.want_logits else None
+        self.attentions = () if plan.want_attn else None
+        self.hidden_states = () if plan.want_hidden else None
+
+    def model_call(self, out):
+        if self.attentions is not None:
+            self.attentions += (out.attentions,)
+        if self.hidden_states is not None:
+            self.hidden_states += (out.hidden_states,)
+
+    def step(self, plan, flat, logits):
+        if self.logits is not None:
+            self.logits += (logits.clone(),)
+        if self.scores is not None:
+            self.scores += (plan.procs(flat, F.log_softmax(logits, dim=-1)),)
 
 
 @torch.no_grad()
@@ -97,36 +132,40 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
                              stopping_criteria, tokenizer, seed, backend)
     beams = _Beams.start(plan, input_ids)
     cache_len = max(plan.max_length - 1, plan.L)
-    cache = StaticKVCache(model.config, plan.N, cache_len)
-    forward = _forward_fn(model, cache)
+    # Returned attention weights span the written positions only, as with transformers'
+    # DynamicCache (padding rows' weights depend on the span): then run on one.
+    cache = (DynamicCache(config=model.config) if plan.want_attn
+             else StaticKVCache(model.config, plan.N, cache_len))
+    forward = _forward_fn(model, cache, plan)
     full_mask = torch.ones(plan.N, cache_len, dtype=attention_mask.dtype, device=plan.device)
     full_mask[:, :plan.L] = attention_mask
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
-    logits = forward(input_ids, attention_mask, pos, token_type_ids)
+    rec = _Recorded(plan)
+    out = forward(input_ids, attention_mask, pos, token_type_ids)
+    rec.model_call(out)
+    logits = _last_logits(out)
     pos = pos[:, -1:] + 1
     # transformers repeats the last token type for every generated token; the beams of an item
     # share their prompt, so the column survives every reorder.
     tt_last = token_type_ids[:, -1:] if token_type_ids is not None else None
 
-    all_scores = () if plan.want_scores else None
-    raw_logits = () if plan.want_logits else None
     while True:
         flat = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
-        if plan.want_logits:
-            raw_logits += (logits.clone(),)
-        if plan.want_scores:
-            all_scores += (plan.procs(flat, F.log_softmax(logits, dim=-1)),)
+        rec.step(plan, flat, logits)
         vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len)
         topk = _select(model, plan, beams, vals, keys, toks)
-        beam_idx, unfinished = _update(model, plan, beams, *topk, all_scores)
+        beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
         if not unfinished:
             break
         cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
         last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
-        logits = forward(last, full_mask, pos, tt_last)
+        mask = full_mask[:, :beams.cur_len] if plan.want_attn else full_mask
+        out = forward(last, mask, pos, tt_last)
+        rec.model_call(out)
+        logits = _last_logits(out)
         pos = pos + 1
-    return _finish(plan, beams, cache, all_scores, raw_logits)
+    return _finish(plan, beams, cache, rec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +186,8 @@ class _BeamPlan:
     masks: Optional[lp.LogitsProcessorList]  # -inf masks run before the fused step
     want_scores: bool
     want_logits: bool
+    want_attn: bool
+    want_hidden: bool
     ignore: torch.Tensor             # bool [N, max_length]: left padding, out of the history
     seeds: Optional[torch.Tensor]    # row seeds under beam sampling
     top_num_beam_mask: torch.Tensor  # bool [K]: the first nb candidates
@@ -175,6 +216,8 @@ class _BeamPlan:
             K=K, max_length=gc.max_length, device=device, crit=crit, fused=fused, masks=masks,
             want_scores=bool(gc.return_dict_in_generate and gc.output_scores),
             want_logits=bool(gc.return_dict_in_generate and gc.output_logits),
+            want_attn=bool(gc.return_dict_in_generate and gc.output_attentions),
+            want_hidden=bool(gc.return_dict_in_generate and gc.output_hidden_states),
             # Repetition-penalty history: left padding is ignored like transformers'
             # prompt_ignore_length (every beam of an item shares its prompt, so this survives
             # reorders).
@@ -288,7 +331,7 @@ def _update(model, plan, beams, topk_log_probs, topk_sequences, topk_beam_indice
         beams.heuristic_unsat, beams.is_sent_finished, hits, gc.early_stopping))
 
 
-def _finish(plan, beams, cache, all_scores, raw_logits):
+def _finish(plan, beams, cache, rec):
     """What model.generate returns: the best num_return_sequences per item."""
     B, nrs, L, gc = plan.B, plan.nrs, plan.L, plan.gc
     sequences = beams.sequences[:, :nrs].reshape(B * nrs, plan.max_length)
@@ -300,5 +343,6 @@ def _finish(plan, beams, cache, all_scores, raw_logits):
         return sequences
     return compat.make_output(
         GenerateBeamDecoderOnlyOutput, cache, sequences=sequences,
-        sequences_scores=beam_scores if gc.output_scores else None, scores=all_scores,
-        logits=raw_logits, beam_indices=beam_indices)
+        sequences_scores=beam_scores if gc.output_scores else None, scores=rec.scores,
+        logits=rec.logits, beam_indices=beam_indices, attentions=rec.attentions,
+        hidden_states=rec.hidden_states)

@@ -382,9 +382,8 @@ def _refuse_beam_options(run, extras):
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
-        ("inputs_embeds", run.embeds is not None), ("past_key_values", run.cache is not None),
-        ("output_attentions", run.gc.output_attentions),
-        ("output_hidden_states", run.gc.output_hidden_states)) if on]
+        ("inputs_embeds", run.embeds is not None), ("past_key_values", run.cache is not None))
+        if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with num_beams > 1")
 
