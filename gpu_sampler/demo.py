@@ -24,11 +24,12 @@ import torch  # noqa: E402
 from .hf import generate  # noqa: E402
 from .sampler import sample  # noqa: E402
 
+# The embedded model learnt from docstrings: prompts in their register.
 PROMPTS = [
-    "The quick brown fox",
-    "Once upon a time there was",
-    "A language model predicts",
-    "The weather today is",
+    "Return the number of",
+    "This module provides",
+    "If the file does not exist,",
+    "The default value is",
 ]
 # The HF comparison chain: rp 1.2, T 0.7, top-k 50, top-p 0.9, input_ids of 128 tokens.
 SAMPLING = dict(repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
@@ -121,6 +122,15 @@ def time_call(fn, repeats=3, device="cpu", warmup=1):
         _sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times), out
+
+
+def _describe_training(stamp):
+    """One line on how the embedded model was made (its folder's stamp)."""
+    if not stamp or not stamp.get("steps"):
+        return "(random weights: the text is noise; what matters is that both paths agree)"
+    return (f"(trained {stamp['steps']} steps on Python stdlib docstrings, loss "
+            f"{stamp['losses'][0]:.2f} -> {stamp['final_loss']:.2f} in {stamp['seconds']:.0f} s: "
+            f"docstring-flavoured words, not sense)")
 
 
 def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, seed=0,
@@ -323,8 +333,9 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
     echo(f"gpu-sampler demo  (device {dev}, sampler backend: {backend}, torch "
          f"{torch.__version__}, {torch.get_num_threads()} threads)")
     if model_dir is None:
-        if not tiny._complete(tiny.default_cache_dir() / "tiny-llama"):
-            echo("building the embedded tiny model (once; cached for later runs) ...")
+        if not tiny.is_built(tiny.default_cache_dir() / "tiny-llama"):
+            echo("building the embedded tiny model (once, about two minutes on two cores; "
+                 "cached for later runs) ...")
         model_dir = tiny.ensure_default_model()
         what = "embedded tiny Llama"
     else:
@@ -336,7 +347,7 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
     echo(f"[1] {what}: {model_dir}")
     echo(f"    {type(model).__name__}, {n / 1e6:.2f}M parameters, vocab {model.config.vocab_size}")
     if what != "model":
-        echo("    (random weights: the text is noise; what matters is that both paths agree)")
+        echo(f"    {_describe_training(tiny.read_stamp(model_dir))}")
 
     gen = compare_generate(model, tok, max_new_tokens=max_new_tokens, repeats=repeats,
                            progress=True)

@@ -8,6 +8,10 @@ import os
 if os.environ.get("GPU_SAMPLER_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The embedded default model untrained (a second to build, not minutes): the tests check the
+# loading path and the paths' agreement, not the text. tests/test_cli.py trains a few steps.
+os.environ.setdefault("GPU_SAMPLER_TINY_STEPS", "0")
+
 import pytest  # noqa: E402
 
 

@@ -294,3 +294,41 @@ def test_report_cli_errors(tmp_path):
                        timeout=60)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "r.md").is_file() and (tmp_path / "r.png").is_file()
+
+
+# -- the trained default model (a few steps on a small corpus: the recipe, not the quality) ---
+
+def test_training_recipe_saves_a_stamped_loadable_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lines = []
+    path = tiny.ensure_default_model(tmp_path, train_steps=3, echo=lines.append,
+                                     max_chars=20_000, vocab_size=600, batch_size=4,
+                                     seq_len=32)
+    stamp = tiny.read_stamp(path)
+    assert stamp["steps"] == 3 and len(stamp["losses"]) == 3 and stamp["recipe"] == tiny.RECIPE
+    assert stamp["losses"][0] > 5.0  # about ln(vocab) from a fresh init: it really trained
+    assert any(line.startswith("corpus: docstrings of") for line in lines)
+    assert tiny.is_built(path, 3) and not tiny.is_built(path, 0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.vocab_size == len(tok) <= 600
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    ids = tok(demo.PROMPTS[:1], return_tensors="pt")
+    assert model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] == \
+        ids.input_ids.shape[1] + 3
+
+
+def test_stdlib_corpus_is_prose_in_a_fixed_order():
+    paras = tiny.stdlib_corpus(["textwrap", "json"], max_chars=50_000)
+    assert paras == tiny.stdlib_corpus(["textwrap", "json"], max_chars=50_000)
+    assert "wrap" in paras[0] and any("JSON" in p for p in paras)
+    assert len(set(paras)) == len(paras)
+    assert not any(">>>" in p or "\n" in p for p in paras)
+
+
+@pytest.mark.parametrize("raw", ["-1", "many"])
+def test_steps_variable_is_validated(monkeypatch, raw):
+    monkeypatch.setenv(tiny.STEPS_ENV, raw)
+    with pytest.raises(ValueError, match=tiny.STEPS_ENV):
+        tiny.default_steps()
