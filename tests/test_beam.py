@@ -369,3 +369,24 @@ def test_beam_search_returns_attentions_and_hidden_states_like_hf(arch):
     _same_tuples(out.attentions, ref.attentions, "attentions")
     _same_tuples(out.hidden_states, ref.hidden_states, "hidden_states")
     assert len(out.attentions) == len(out.scores)  # one model call per step
+
+
+@pytest.mark.parametrize("case", ["plain", "penalty+attentions"])
+def test_beam_search_from_inputs_embeds_like_hf(case):
+    # The prefill reads the embeddings (P positions, left padded), the returned sequences hold
+    # the new tokens only, and the penalty history starts empty, as in transformers.
+    model = tiny_model("llama", seed=7)
+    model.set_attn_implementation("eager")
+    ids, mask = _prompts([6, 4], _seed())
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+    kw = dict(attention_mask=mask, num_beams=3, max_new_tokens=5, do_sample=False,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    if case != "plain":
+        kw.update(repetition_penalty=1.5, output_attentions=True)
+    ref = model.generate(inputs_embeds=embeds, **kw)
+    out = generate(model, inputs_embeds=embeds, **kw)
+    _assert_same_output(out, ref)
+    assert out.sequences.shape[1] <= 5  # new tokens only
+    if case != "plain":
+        _same_tuples(out.attentions, ref.attentions, "attentions")

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import DynamicCache, T5Config, T5ForConditionalGeneration
 from transformers.generation.streamers import BaseStreamer
 
 import gpu_sampler
@@ -40,27 +40,27 @@ def _same(a, b):
     return a == b
 
 
-# Beam search from inputs_embeds: transformers runs it, gpu_sampler refuses it.
-BEAM_EMB = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+# Beam search on a cache the caller passes: transformers runs it, gpu_sampler refuses it.
+BEAM_CACHE = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
                 output_scores=True)
 
 
-def _embedded(model, seed):
+def _with_cache(model, seed):
+    """The prompt and a fresh empty DynamicCache (each call writes its own)."""
     ids, mask = _prompts(seed)
-    with torch.no_grad():
-        return dict(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask)
+    return dict(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache())
 
 
 def test_unsupported_call_runs_transformers_generate_with_one_warning():
     model = tiny_model("llama", seed=31)
-    inputs = _embedded(model, 31)
-    ref = model.generate(**inputs, **BEAM_EMB)
+    inputs = _with_cache(model, 31)
+    ref = model.generate(**inputs, **BEAM_CACHE)
     patch(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        outs = [model.generate(**inputs, **BEAM_EMB) for _ in range(2)]
+        outs = [model.generate(**_with_cache(model, 31), **BEAM_CACHE) for _ in range(2)]
     assert len(_fallbacks(record)) == 1  # once per model and feature
-    assert "inputs_embeds" in str(_fallbacks(record)[0].message)
+    assert "past_key_values" in str(_fallbacks(record)[0].message)
     for out in outs:
         for field in ("sequences", "sequences_scores", "scores", "beam_indices"):
             assert _same(getattr(out, field), getattr(ref, field)), field
@@ -69,17 +69,17 @@ def test_unsupported_call_runs_transformers_generate_with_one_warning():
 
 def test_direct_generate_and_fallback_false_raise():
     model = tiny_model("llama", seed=32)
-    inputs = _embedded(model, 32)
-    with pytest.raises(NotImplementedError, match="inputs_embeds"):
-        generate(model, **inputs, **BEAM_EMB)
+    inputs = _with_cache(model, 32)
+    with pytest.raises(NotImplementedError, match="past_key_values"):
+        generate(model, **inputs, **BEAM_CACHE)
     patch(model, fallback=False)
     with pytest.raises(Unsupported) as info:
-        model.generate(**inputs, **BEAM_EMB)
+        model.generate(**_with_cache(model, 32), **BEAM_CACHE)
     assert isinstance(info.value, NotImplementedError) and "num_beams" in str(info.value)
     patch(model)  # patching again only switches the fallback on
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.generate(**inputs, **BEAM_EMB)
+        model.generate(**_with_cache(model, 32), **BEAM_CACHE)
     unpatch(model)
     assert "generate" not in model.__dict__
 
@@ -87,7 +87,7 @@ def test_direct_generate_and_fallback_false_raise():
 def test_gpu_sampler_only_arguments_are_never_handed_over():
     model = patch(tiny_model("llama", seed=33))
     with pytest.raises(Unsupported) as info:
-        model.generate(**_embedded(model, 33), seed=0, **BEAM_EMB)
+        model.generate(**_with_cache(model, 33), seed=0, **BEAM_CACHE)
     assert "seed" in "".join(getattr(info.value, "__notes__", []))
 
 

@@ -69,7 +69,7 @@ def _forward_fn(model, cache, plan):
         fwd["output_hidden_states"] = True
     takes_mask, takes_pos = "attention_mask" in params, "position_ids" in params
 
-    def forward(ids, mask, pos, token_type_ids=None):
+    def forward(ids, mask, pos, token_type_ids=None, embeds=None):
         kw = dict(fwd)
         if takes_mask:
             kw["attention_mask"] = mask
@@ -77,6 +77,8 @@ def _forward_fn(model, cache, plan):
             kw["position_ids"] = pos
         if token_type_ids is not None:
             kw["token_type_ids"] = token_type_ids
+        if embeds is not None:  # the prefill from inputs_embeds, as transformers feeds it
+            return model(inputs_embeds=embeds, **kw)
         return model(input_ids=ids, **kw)
     return forward
 
@@ -111,14 +113,17 @@ class _Recorded:
 
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
-                tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None):
+                tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None,
+                inputs_embeds=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
     processors: ``input_ids`` / ``attention_mask`` are [B * num_beams, L] (each prompt repeated
     num_beams times), ``procs`` is transformers' processor list for them; ``position_ids`` and
     ``token_type_ids`` (same shape, expanded the same way) are the prompt's, as transformers'
-    generate prepared them. Returns what
+    generate prepared them. ``inputs_embeds`` [B * num_beams, P, H] (then ``attention_mask``,
+    ``position_ids`` and ``token_type_ids`` span its P positions, ``input_ids`` may be [N, 0])
+    feeds the prefill instead of the ids, as in transformers. Returns what
     ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
     logits, beam_indices, past_key_values).
@@ -131,18 +136,19 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     plan = _BeamPlan.resolve(model, input_ids, attention_mask, gc, procs, user_processors,
                              stopping_criteria, tokenizer, seed, backend)
     beams = _Beams.start(plan, input_ids)
-    cache_len = max(plan.max_length - 1, plan.L)
+    P = attention_mask.shape[1]  # prompt positions the model sees (ids, or embeddings)
+    cache_len = max(P + plan.max_length - plan.L - 1, P)
     # Returned attention weights span the written positions only, as with transformers'
     # DynamicCache (padding rows' weights depend on the span): then run on one.
     cache = (DynamicCache(config=model.config) if plan.want_attn
              else StaticKVCache(model.config, plan.N, cache_len))
     forward = _forward_fn(model, cache, plan)
     full_mask = torch.ones(plan.N, cache_len, dtype=attention_mask.dtype, device=plan.device)
-    full_mask[:, :plan.L] = attention_mask
+    full_mask[:, :P] = attention_mask
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
     rec = _Recorded(plan)
-    out = forward(input_ids, attention_mask, pos, token_type_ids)
+    out = forward(input_ids, attention_mask, pos, token_type_ids, inputs_embeds)
     rec.model_call(out)
     logits = _last_logits(out)
     pos = pos[:, -1:] + 1
@@ -160,7 +166,7 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
             break
         cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
         last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
-        mask = full_mask[:, :beams.cur_len] if plan.want_attn else full_mask
+        mask = full_mask[:, :P - plan.L + beams.cur_len] if plan.want_attn else full_mask
         out = forward(last, mask, pos, tt_last)
         rec.model_call(out)
         logits = _last_logits(out)
@@ -220,7 +226,9 @@ class _BeamPlan:
             want_hidden=bool(gc.return_dict_in_generate and gc.output_hidden_states),
             # Repetition-penalty history: left padding is ignored like transformers'
             # prompt_ignore_length (every beam of an item shares its prompt, so this survives
-            # reorders).
+            # reorders): the first attended position of the whole mask, counted on the
+            # sequences (from inputs_embeds they hold new tokens only, whose first ones
+            # transformers then ignores on left-padded rows).
             ignore=prompt_history_mask(attention_mask, gc.max_length), seeds=seeds,
             top_num_beam_mask=torch.arange(K, device=device) < nb,
             batch_offset=torch.arange(N // nb, device=device).view(-1, 1) * nb, backend=backend)
@@ -269,7 +277,7 @@ def _candidates(plan, flat, logits, cur_len):
         return beam_topk(processed, plan.K, normalize=False, seed=plan.seeds, offset=cur_len,
                          backend=plan.backend)
     cand = plan.masks(flat, logits.clone()) if len(plan.masks) else None
-    hist = flat.masked_fill(plan.ignore[:, :cur_len], -1)
+    hist = flat.masked_fill(plan.ignore[:, :cur_len], -1) if cur_len else None
     return beam_topk(logits, plan.K, candidates=cand, input_ids=hist, seed=plan.seeds,
                      offset=cur_len, backend=plan.backend, **plan.fused)
 

@@ -382,8 +382,7 @@ def _refuse_beam_options(run, extras):
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.contrastive is not None),
-        ("inputs_embeds", run.embeds is not None), ("past_key_values", run.cache is not None))
-        if on]
+        ("past_key_values", run.cache is not None)) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with num_beams > 1")
 
@@ -396,7 +395,7 @@ def _beam_search(model, run, logits_processor, stopping_criteria, extras):
     mk = run.model_kwargs
     return beam_search(model, run.input_ids, run.mask, run.gc, procs, user_lp, stopping_criteria,
                        extras.tokenizer, seed=extras.seed, position_ids=mk["position_ids"],
-                       token_type_ids=mk.get("token_type_ids"))
+                       token_type_ids=mk.get("token_type_ids"), inputs_embeds=run.embeds)
 
 
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):
