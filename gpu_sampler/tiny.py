@@ -2,7 +2,7 @@
 
 No model hub is needed. The first ``ensure_default_model()`` collects the docstrings of a fixed
 list of Python standard-library modules (text every Python install has), trains a ByteLevel BPE
-tokenizer (4096 entries) and a 2.7M-parameter Llama on them for a few hundred steps (about two
+tokenizer (4096 entries) and a 2.4M-parameter Llama on them for a few hundred steps (about two
 minutes on two CPU cores), and saves the folder. Everything then loads it the ordinary
 way (``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``), so the demo
 and the CLI exercise the same loading path as a real checkpoint. Its continuations are
