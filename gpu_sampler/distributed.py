@@ -36,7 +36,7 @@ from typing import List, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from . import params, reference, rng
+from . import edits, params, reference, rng
 
 _F32 = torch.float32
 _NEG = float("-inf")
@@ -772,7 +772,7 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
 
 
 def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt_lens,
-         generator, seed, offset, check, backend, want_draw):
+         generator, seed, offset, check, backend, want_draw, edit_args=(None, None)):
     group = group if group is not None else dist.group.WORLD
     comm = _Comm(group, _comm_device(group, local_logits))
     rank = dist.get_rank(group)
@@ -781,6 +781,7 @@ def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt
         p, prompt_lens, seed, offset = _validate_local(
             local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
             generator, seed, offset, check, backend)
+        local_logits = _edited_shard(local_logits, vocab_start, vocab_size, edit_args, check)
         draw_seeds = want_draw and seed is None and params.needs_random(p.temperature)
         meta = _fingerprints(local_logits, vocab_start, vocab_size, p, input_ids, prompt_lens,
                              seed, offset, check, draw_seeds, want_draw)
@@ -797,6 +798,15 @@ def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt
                      prompt_lens, generator, seed, offset, draw_seeds, comm, want_draw)
 
 
+def _edited_shard(local_logits, vocab_start, vocab_size, edit_args, check):
+    """The shard with the request's mask and bias applied (float32), as sample() edits the
+    whole row; the shard itself when there are none."""
+    B, width = local_logits.shape
+    found = edits.shard_edits(*edit_args, B, vocab_size, vocab_start, width,
+                              local_logits.device, check)
+    return local_logits if found is None else edits.apply_edits(local_logits, found)
+
+
 def _raise_invalid(valid, nanrow, what):
     bad = ~valid
     if bool(bad.any()):
@@ -807,7 +817,8 @@ def _raise_invalid(valid, nanrow, what):
 def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0, top_k=0,
            top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
            frequency_penalty=0.0, input_ids=None, prompt_lens=None, generator=None, seed=None,
-           offset=None, return_logprobs=False, check=True, backend="auto"):
+           offset=None, return_logprobs=False, check=True, backend="auto", allowed_mask=None,
+           logit_bias=None):
     """``gpu_sampler.sample`` on logits sharded by vocabulary across a process group.
 
     Collective: every rank of ``group`` must call it with the same arguments except
@@ -822,6 +833,9 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         group: torch.distributed process group (default: WORLD). gloo moves CPU tensors, NCCL
             CUDA tensors on each rank's current device.
         input_ids: [B, L] history with *global* ids (negative = padding), the same on every rank.
+        allowed_mask, logit_bias: as ``gpu_sampler.sample``, over the *global* vocabulary (mask
+            int32 [B, ceil(V / 32)], bias ids global), the same on every rank; each rank
+            applies its columns' part.
         generator: without ``seed``, rank 0 of the group draws one seed per row from its
             generator (or its default generator) and every rank uses those; the other ranks'
             generators advance by the same draw, so identically seeded generators stay in step.
@@ -846,7 +860,8 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
     tok, logp, extra = _run(local_logits, vocab_start, vocab_size, group, values,
-                            input_ids, prompt_lens, generator, seed, offset, check, backend, True)
+                            input_ids, prompt_lens, generator, seed, offset, check, backend, True,
+                            (allowed_mask, logit_bias))
     if check and extra is not None:
         _raise_invalid(extra[1], extra[2], "sample")
     return (tok, logp) if return_logprobs else tok
@@ -856,14 +871,16 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
 def sampling_distribution(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0,
                           top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                           presence_penalty=0.0, frequency_penalty=0.0, input_ids=None,
-                          prompt_lens=None, check=True, backend="auto"):
+                          prompt_lens=None, check=True, backend="auto", allowed_mask=None,
+                          logit_bias=None):
     """This rank's [B, V_local] float32 slice of ``gpu_sampler.sampling_distribution`` of the
     concatenated logits (padding columns are 0). Collective; arguments as ``sample``."""
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
     _, _, extra = _run(local_logits, vocab_start, vocab_size, group, values, input_ids,
-                       prompt_lens, None, None, None, check, backend, False)
+                       prompt_lens, None, None, None, check, backend, False,
+                       (allowed_mask, logit_bias))
     if extra is None:
         return torch.empty(local_logits.shape, dtype=_F32, device=local_logits.device)
     probs, valid, nanrow = extra

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["LogitEdits", "prepare_edits", "apply_edits"]
+__all__ = ["LogitEdits", "prepare_edits", "shard_edits", "apply_edits"]
 
 
 class LogitEdits(NamedTuple):
@@ -69,12 +69,41 @@ def prepare_edits(logits, allowed_mask, logit_bias, check):
         return None
     B, V = logits.shape
     allowed = None if allowed_mask is None else _allowed(allowed_mask, B, V, logits.device)
-    if check and allowed is not None and not bool(allowed.any(1).all()):
-        r = int((~allowed.any(1)).nonzero()[0, 0])
-        raise ValueError(f"allowed_mask row {r} allows no token of the vocabulary (V={V})")
+    if check and allowed is not None:
+        _check_some_allowed(allowed, V)
     ids = values = None
     if logit_bias is not None:
         ids, values = _bias(logit_bias, B, V, logits.device, check)
+    return LogitEdits(allowed, ids, values)
+
+
+def _check_some_allowed(allowed, V):
+    if not bool(allowed.any(1).all()):
+        r = int((~allowed.any(1)).nonzero()[0, 0])
+        raise ValueError(f"allowed_mask row {r} allows no token of the vocabulary (V={V})")
+
+
+def shard_edits(allowed_mask, logit_bias, B, V, start, width, device, check):
+    """The edits of global-vocabulary arguments for a vocab-parallel shard: its columns
+    [start, start + width) of the vocabulary V (columns >= V are padding, left as they are).
+
+    Validated against the global V on every rank alike (the same arguments give the same
+    error everywhere). Returns LogitEdits with shard-local ids, or None when there are none.
+    """
+    if allowed_mask is None and logit_bias is None:
+        return None
+    allowed = ids = values = None
+    if allowed_mask is not None:
+        full = _allowed(allowed_mask, B, V, device)
+        if check:
+            _check_some_allowed(full, V)
+        allowed = torch.ones(B, width, dtype=torch.bool, device=device)
+        n = max(min(width, V - start), 0)
+        allowed[:, :n] = full[:, start:start + n]
+    if logit_bias is not None:
+        ids, values = _bias(logit_bias, B, V, device, check)
+        outside = (ids < start) | (ids >= start + width)
+        ids, values = (ids - start).masked_fill(outside, 0), values.masked_fill(outside, 0.0)
     return LogitEdits(allowed, ids, values)
 
 

@@ -338,6 +338,45 @@ def check_generator_and_overflow(rank, world):
             assert lp[r] == -torch.log(torch.tensor(float(len(ties[r])))), (r, lp)
 
 
+def _request_edits(B, V, gen, starts):
+    """A random allowed bitmask (about 60% allowed) and a bias whose ids sit on the shards'
+    edges, repeat (the values add) and ban (-inf)."""
+    bits = torch.rand(B, -(-V // 32) * 32, generator=gen) < 0.6
+    words = (bits.view(B, -1, 32).long() * 2 ** torch.arange(32)).sum(-1)
+    mask = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    edge = [min(max(s + d, 0), V - 1) for s in starts for d in (-1, 0)]
+    ids = torch.tensor(edge + [edge[-1], -1])[None].repeat(B, 1)
+    values = torch.randn(B, ids.shape[1], generator=gen) * 3
+    values[:, 0] = float("-inf")
+    return mask, (ids, values)
+
+
+def check_edits(rank, world, pad=2):
+    """allowed_mask and logit_bias over the global vocabulary: the same tokens, logprobs and
+    distribution as sample() on the whole row."""
+    gen = torch.Generator().manual_seed(21)
+    for kind, V in (("random", 1000), ("ties", 517)):
+        x = _logits(kind, 6, V, gen)
+        starts, _ = _bounds(V, world, pad)
+        mask, bias = _request_edits(6, V, gen, starts)
+        sh, start = _shard(x, rank, world, pad)
+        for kw in _mixes(6, V, gen)[:5] + [dict(temperature=0.0)]:
+            kw = dict(kw, allowed_mask=mask, logit_bias=bias)
+            a = gpu_sampler.sample(x, backend="torch", seed=3, return_logprobs=True, **kw)
+            b = _gs(sh, vocab_start=start, vocab_size=V, seed=3, return_logprobs=True, **kw)
+            assert torch.equal(a[0], b[0]), (kw, a[0], b[0])
+            torch.testing.assert_close(b[1], a[1], atol=2e-6, rtol=1e-6)
+            pa = gpu_sampler.sampling_distribution(x, backend="torch", **kw)
+            pb = _gd(sh, vocab_start=start, vocab_size=V, **kw)
+            n = min(sh.shape[1], max(V - start, 0))
+            torch.testing.assert_close(pb[:, :n], pa[:, start:start + n], atol=1e-7, rtol=2e-6)
+    banned = torch.zeros_like(mask)
+    with pytest.raises(ValueError, match="allowed_mask row 0 allows no token"):
+        _gs(sh, vocab_start=start, vocab_size=V, seed=0, allowed_mask=banned)
+    tok = _gs(sh, vocab_start=start, vocab_size=V, seed=0, allowed_mask=banned, check=False)
+    assert (tok == -1).all()
+
+
 def check_tp_example(rank, world):
     spec = importlib.util.spec_from_file_location("tp_generate",
                                                   _ROOT / "examples" / "tp_generate.py")
@@ -360,13 +399,15 @@ def check_tp_example(rank, world):
 CHECKS = {f.__name__[6:]: f for f in (check_mixes, check_mixes_padded, check_mixes_light,
                                        check_fallbacks,
                                        check_nan_and_dead_rows, check_bad_arguments,
-                                       check_generator_and_overflow, check_tp_example)}
+                                       check_generator_and_overflow, check_tp_example,
+                                       check_edits)}
 
 
 # ---------------------------------------------------------------- tests
 
 _PLAN = [(2, "mixes_padded"), (2, "generator_and_overflow"), (2, "tp_example"),
          (3, "mixes"), (3, "fallbacks"), (3, "nan_and_dead_rows"), (3, "bad_arguments"),
+         (3, "edits"),
          (4, "mixes_light"), (4, "bad_arguments")]
 
 
@@ -386,6 +427,10 @@ def test_two_ranks_padded_vocab_generator_overflow_tp_example(results):
 
 def test_three_uneven_ranks_fallbacks_errors(results):
     _assert_ok(results, 3, ["mixes", "fallbacks", "nan_and_dead_rows", "bad_arguments"])
+
+
+def test_three_ranks_mask_and_bias_over_the_global_vocabulary(results):
+    _assert_ok(results, 3, ["edits"])
 
 
 def test_four_ranks_padded_vocab_errors(results):
