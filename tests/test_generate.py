@@ -343,18 +343,18 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
 
 def test_buffers_double_between_steps(monkeypatch):
     """A huge max_new_tokens allocates a bounded start and doubles it; tokens stay exact."""
-    import gpu_sampler.hf.generation as gen
+    import gpu_sampler.hf.buffers as buffers
 
     model = tiny_model("gpt2", seed=19)
-    monkeypatch.setattr(gen, "_INITIAL_NEW_POSITIONS", 3)
+    monkeypatch.setattr(buffers, "_INITIAL_NEW_POSITIONS", 3)
     caps = []
-    real_grow = gen._grow_cache
+    real_grow = buffers._grow_cache
 
     def grow(model, cache, B, length):
         caps.append(length)
         return real_grow(model, cache, B, length)
 
-    monkeypatch.setattr(gen, "_grow_cache", grow)
+    monkeypatch.setattr(buffers, "_grow_cache", grow)
     ids, mask = _prompts([6, 2], _seed())
     L = ids.shape[1]
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False,

@@ -98,6 +98,22 @@ def test_inputs_embeds(model):
         assert torch.equal(out, ref) and out.shape[1] == 5 + (ids.shape[1] if extra else 0)
 
 
+def test_inputs_embeds_penalty_history_like_hf(model):
+    # transformers ignores the sequences' columns before the mask's first attended position;
+    # from inputs_embeds alone the sequences hold new tokens only, so on a left-padded row its
+    # first generated tokens escape the penalty. The scores show it at every step.
+    ids, mask = _prompts([6, 2], seed=4)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+    kw = dict(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6, do_sample=False,
+              repetition_penalty=1.8, return_dict_in_generate=True, output_scores=True)
+    ref = model.generate(**kw)
+    out = generate(model, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def _assert_same_structure(ours, ref, what):
     assert isinstance(ours, tuple) and len(ours) == len(ref), what
     for i, (a, b) in enumerate(zip(ours, ref)):

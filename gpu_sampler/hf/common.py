@@ -2,6 +2,8 @@
 import torch
 from transformers.generation import logits_process as lp
 
+from .cache import StaticKVCache
+
 # Pure -inf masks: they commute with the repetition penalty and the log-softmax shift (a
 # masked -inf stays -inf), so they can run in torch before a fused step.
 MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
@@ -31,3 +33,11 @@ class Unsupported(NotImplementedError):
     def __init__(self, feature, message=None):
         self.feature = feature
         super().__init__(message or f"gpu_sampler.generate does not support {feature}")
+
+
+def own_cache(model, batch, length):
+    """Our StaticKVCache for `length` positions, or None where it refuses the model's config."""
+    try:
+        return StaticKVCache(model.config, batch, length)
+    except (ValueError, NotImplementedError):  # layer types it does not hold: DynamicCache
+        return None
