@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from . import edits, params, reference, rng
+from .sampler import SampleOutput
 
 _F32 = torch.float32
 _NEG = float("-inf")
@@ -807,6 +808,40 @@ def _edited_shard(local_logits, vocab_start, vocab_size, edit_args, check):
     return local_logits if found is None else edits.apply_edits(local_logits, found)
 
 
+def _raw_logprobs(local_logits, vocab_start, vocab_size, comm):
+    """This shard's log-softmax of the unedited logits over the whole vocabulary (padding
+    columns -inf). Each rank's (max, sum) are gathered and combined in rank order, the same
+    float operations on every rank (within a few ulps of torch.log_softmax on the whole row).
+    """
+    x = local_logits.to(_F32, copy=True)
+    x[:, max(min(x.shape[1], vocab_size - vocab_start), 0):] = float("-inf")
+    m = x.max(1).values
+    s = torch.exp(x - _finite_or_zero(m)[:, None]).sum(1)
+    g = _gather(torch.stack([m, s]), comm)                     # [W, 2, B]
+    M = _finite_or_zero(g[:, 0].max(0).values)
+    S = (g[:, 1] * torch.exp(g[:, 0] - M)).sum(0)
+    return (x - M[:, None]) - torch.log(S)[:, None]
+
+
+def _finite_or_zero(t):
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+
+
+def _merged_top_n(scores, vocab_start, vocab_size, n, comm):
+    """(global ids int64 [B, n], values float32 [B, n]) of the n best scores over all ranks,
+    value desc then id asc (sample()'s order); missing places are (-1, -inf)."""
+    B, width = scores.shape
+    real = max(min(width, vocab_size - vocab_start), 0)
+    ids, vals = rng.top_n(scores[:, :real], n)
+    # padding places get an id past every real one, so they sort after real ties
+    ids = torch.where(ids >= 0, ids + vocab_start, vocab_size)
+    all_ids = _gather(ids, comm).permute(1, 0, 2).reshape(B, -1)
+    all_vals = _gather(vals, comm).permute(1, 0, 2).reshape(B, -1)
+    vals, ids = rng.order_by_key(all_vals, all_ids)
+    ids, vals = ids[:, :n], vals[:, :n]
+    return ids.masked_fill(ids >= vocab_size, -1), vals
+
+
 def _raise_invalid(valid, nanrow, what):
     bad = ~valid
     if bool(bad.any()):
@@ -818,7 +853,7 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
            top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
            frequency_penalty=0.0, input_ids=None, prompt_lens=None, generator=None, seed=None,
            offset=None, return_logprobs=False, check=True, backend="auto", allowed_mask=None,
-           logit_bias=None):
+           logit_bias=None, top_logprobs=None, logprobs_mode="raw"):
     """``gpu_sampler.sample`` on logits sharded by vocabulary across a process group.
 
     Collective: every rank of ``group`` must call it with the same arguments except
@@ -839,12 +874,15 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         generator: without ``seed``, rank 0 of the group draws one seed per row from its
             generator (or its default generator) and every rank uses those; the other ranks'
             generators advance by the same draw, so identically seeded generators stay in step.
+        top_logprobs, logprobs_mode: as ``gpu_sampler.sample``; ids global. "raw" adds one
+            small gather (each rank's max and sum, then its top N), "processed" runs the
+            distribution pipeline once more.
         Everything else: as ``gpu_sampler.sample``. The torch twin's rules run on the merged
         candidates whatever ``backend`` says (it is validated and otherwise unused).
 
     Returns:
-        LongTensor [B] (global ids), or (tokens, logprobs float32 [B]) with return_logprobs;
-        identical on every rank.
+        LongTensor [B] (global ids), or (tokens, logprobs float32 [B]) with return_logprobs,
+        or a ``SampleOutput`` with top_logprobs; identical on every rank.
 
     Example (run under ``torchrun --nproc-per-node 2``)::
 
@@ -859,12 +897,24 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
+    n_top = params.check_top_n(top_logprobs, logprobs_mode)
     tok, logp, extra = _run(local_logits, vocab_start, vocab_size, group, values,
                             input_ids, prompt_lens, generator, seed, offset, check, backend, True,
                             (allowed_mask, logit_bias))
     if check and extra is not None:
         _raise_invalid(extra[1], extra[2], "sample")
-    return (tok, logp) if return_logprobs else tok
+    if n_top is None:
+        return (tok, logp) if return_logprobs else tok
+    group = group if group is not None else dist.group.WORLD
+    comm = _Comm(group, _comm_device(group, local_logits))
+    if logprobs_mode == "raw":
+        scores = _raw_logprobs(local_logits, vocab_start, vocab_size, comm)
+    else:
+        scores = torch.log(sampling_distribution(
+            local_logits, vocab_start=vocab_start, vocab_size=vocab_size, group=group,
+            input_ids=input_ids, prompt_lens=prompt_lens, check=False, backend=backend,
+            allowed_mask=allowed_mask, logit_bias=logit_bias, **values))
+    return SampleOutput(tok, logp, *_merged_top_n(scores, vocab_start, vocab_size, n_top, comm))
 
 
 @torch.no_grad()

@@ -346,3 +346,22 @@ def raise_invalid_row(bad_rows, nan_rows, what):
         raise ValueError(f"logits row {r} contains NaN")
     raise ValueError(f"logits row {r} has no finite logit left to {what} (all -inf after "
                      "penalties, or an invalid per-row parameter)")
+
+
+# sample(..., top_logprobs=N): at most 64 (OpenAI-style requests ask up to 20).
+MAX_TOP_LOGPROBS = 64
+LOGPROBS_MODES = ("raw", "processed")
+
+
+def check_top_n(top_logprobs, logprobs_mode):
+    """N, or None when no top-N is asked for; raises ValueError naming a bad argument."""
+    if top_logprobs is None:
+        return None
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) \
+            or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
+                         f"{top_logprobs!r}")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
+                         f"{logprobs_mode!r}")
+    return top_logprobs

@@ -143,12 +143,24 @@ def ordered_topk(keys, k):
             idx = idx.clone()
             idx[straddle, :k] = torch.sort(keys[straddle], dim=-1, descending=True,
                                            stable=True).indices[:, :k]
-    return _order(keys.gather(1, idx[:, :k]), idx[:, :k])
+    return order_by_key(keys.gather(1, idx[:, :k]), idx[:, :k])
 
 
-def _order(keys, ids):
+def order_by_key(keys, ids):
     """(keys, ids) of a small candidate set sorted by key desc, then id asc."""
     ids, pos = ids.sort(dim=-1)
     keys = keys.gather(1, pos)
     order = torch.sort(keys, dim=-1, descending=True, stable=True).indices
     return keys.gather(1, order), ids.gather(1, order)
+
+
+def top_n(scores, n):
+    """The n best (ids, values) of float32 [B, V] scores; columns past V are (-1, -inf)."""
+    B, V = scores.shape
+    k = min(n, V)
+    vals, ids = (ordered_topk(scores, k) if k else
+                 (scores[:, :0], torch.empty(B, 0, dtype=torch.int64, device=scores.device)))
+    if k < n:
+        vals = torch.cat([vals, vals.new_full((B, n - k), float("-inf"))], 1)
+        ids = torch.cat([ids, ids.new_full((B, n - k), -1)], 1)
+    return ids, vals

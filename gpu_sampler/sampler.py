@@ -14,8 +14,6 @@ from .params import triton_available
 
 __all__ = ["sample", "sampling_distribution", "triton_available", "SampleOutput"]
 
-MAX_TOP_LOGPROBS = 64
-LOGPROBS_MODES = ("raw", "processed")
 
 
 class SampleOutput(NamedTuple):
@@ -53,31 +51,6 @@ def _edited(logits, cd, logit_edits, check, backend):
         logits = contrastive.contrastive_scores(logits, cd.amateur_logits, cd_alpha=cd.alpha,
                                                 cd_beta=cd.beta, check=check, backend=backend)
     return edits.apply_edits(logits, logit_edits), None
-
-
-def _check_top_n(top_logprobs, logprobs_mode):
-    if top_logprobs is None:
-        return None
-    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) \
-            or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got "
-                         f"{top_logprobs!r}")
-    if logprobs_mode not in LOGPROBS_MODES:
-        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
-                         f"{logprobs_mode!r}")
-    return top_logprobs
-
-
-def _top_n(scores, n):
-    """The n best (ids, values) of float32 [B, V] scores; columns past V are (-1, -inf)."""
-    B, V = scores.shape
-    k = min(n, V)
-    vals, ids = (rng.ordered_topk(scores, k) if k else
-                 (scores[:, :0], torch.empty(B, 0, dtype=torch.int64, device=scores.device)))
-    if k < n:
-        vals = torch.cat([vals, vals.new_full((B, n - k), float("-inf"))], 1)
-        ids = torch.cat([ids, ids.new_full((B, n - k), -1)], 1)
-    return ids, vals
 
 
 def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend):
@@ -177,7 +150,7 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
     p, input_ids, prompt_lens, seed, offset = params.normalise(
         logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
-    n_top = _check_top_n(top_logprobs, logprobs_mode)
+    n_top = params.check_top_n(top_logprobs, logprobs_mode)
     rows, cd = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias, check),
                        check, backend)
     if seed is None:
@@ -195,7 +168,7 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
         scores = torch.log_softmax(logits.to(torch.float32), 1)
     else:
         scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend))
-    return SampleOutput(tok, logp, *_top_n(scores, n_top))
+    return SampleOutput(tok, logp, *rng.top_n(scores, n_top))
 
 
 # ---- the torch op: what torch.compile traces ----------------------------------------------

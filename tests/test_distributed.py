@@ -377,6 +377,31 @@ def check_edits(rank, world, pad=2):
     assert (tok == -1).all()
 
 
+def check_top_logprobs(rank, world, pad=2):
+    """top_logprobs (raw and processed) over the global vocabulary: sample()'s ids in its
+    order (value desc, lowest id on ties), values within a few ulps; N past the kept set or
+    past V pads with (-1, -inf)."""
+    gen = torch.Generator().manual_seed(31)
+    for kind, V, n in (("random", 1000, 5), ("ties", 517, 20), ("random", 7, 9)):
+        x = _logits(kind, 6, V, gen)
+        sh, start = _shard(x, rank, world, pad)
+        for mode, kw in (("raw", dict(temperature=0.7, top_k=50, top_p=0.9)),
+                         ("processed", dict(temperature=0.7, top_k=3)),
+                         ("processed", dict(top_p=0.8, repetition_penalty=1.3,
+                                            input_ids=torch.randint(0, V, (6, 4), generator=gen)))):
+            a = gpu_sampler.sample(x, backend="torch", seed=2, top_logprobs=n,
+                                   logprobs_mode=mode, **kw)
+            b = _gs(sh, vocab_start=start, vocab_size=V, seed=2, top_logprobs=n,
+                    logprobs_mode=mode, **kw)
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.top_ids, b.top_ids), (
+                kind, mode, a.top_ids, b.top_ids)
+            torch.testing.assert_close(b.top_logprobs, a.top_logprobs, atol=2e-6, rtol=1e-6)
+            _same_everywhere(b.top_ids)
+            _same_everywhere(b.top_logprobs)
+    with pytest.raises(ValueError, match="top_logprobs"):
+        _gs(sh, vocab_start=start, vocab_size=V, seed=0, top_logprobs=65)
+
+
 def check_tp_example(rank, world):
     spec = importlib.util.spec_from_file_location("tp_generate",
                                                   _ROOT / "examples" / "tp_generate.py")
@@ -400,14 +425,14 @@ CHECKS = {f.__name__[6:]: f for f in (check_mixes, check_mixes_padded, check_mix
                                        check_fallbacks,
                                        check_nan_and_dead_rows, check_bad_arguments,
                                        check_generator_and_overflow, check_tp_example,
-                                       check_edits)}
+                                       check_edits, check_top_logprobs)}
 
 
 # ---------------------------------------------------------------- tests
 
 _PLAN = [(2, "mixes_padded"), (2, "generator_and_overflow"), (2, "tp_example"),
          (3, "mixes"), (3, "fallbacks"), (3, "nan_and_dead_rows"), (3, "bad_arguments"),
-         (3, "edits"),
+         (3, "edits"), (3, "top_logprobs"),
          (4, "mixes_light"), (4, "bad_arguments")]
 
 
@@ -431,6 +456,10 @@ def test_three_uneven_ranks_fallbacks_errors(results):
 
 def test_three_ranks_mask_and_bias_over_the_global_vocabulary(results):
     _assert_ok(results, 3, ["edits"])
+
+
+def test_three_ranks_top_logprobs_over_the_global_vocabulary(results):
+    _assert_ok(results, 3, ["top_logprobs"])
 
 
 def test_four_ranks_padded_vocab_errors(results):
