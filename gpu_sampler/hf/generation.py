@@ -29,7 +29,7 @@ from ..reference import processed_logits_reference
 from ..sampler import sample
 from .amateur import pop_generate_args
 from .cache import StaticKVCache
-from . import compat
+from . import compat, seq2seq
 from .common import MASKS, Unsupported, is_in, prompt_history_mask
 
 __all__ = ["generate", "EXTRA_ARGS"]
@@ -198,6 +198,11 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     >>> out.shape
     torch.Size([2, 7])
     """
+    if seq2seq.supports(model):  # encoder-decoder models: their own loop (hf/seq2seq.py)
+        return seq2seq.generate(
+            model, inputs, generation_config, logits_processor, stopping_criteria,
+            prefix_allowed_tokens_fn, synced_gpus, assistant_model, streamer, negative_prompt_ids,
+            negative_prompt_attention_mask, custom_generate, **kwargs)
     _refuse_arguments(prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
                       assistant_model=assistant_model, negative_prompt_ids=negative_prompt_ids,
                       negative_prompt_attention_mask=negative_prompt_attention_mask,
