@@ -279,22 +279,23 @@ def test_first_token_distribution_matches_transformers():
         assert pval > 1e-4, (b, pval)
 
 
-def test_patched_generate_runs_greedy_without_fallback_and_beams_fall_back():
+def test_patched_generate_runs_without_fallback_and_refusals_fall_back():
     model = tiny_seq2seq("t5", seed=11)
     ids, mask = _batch(11)
     greedy = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
     beams = dict(greedy, num_beams=2)
-    ref_greedy, ref_beams = model.generate(ids, **greedy), model.generate(ids, **beams)
+    refused = dict(beams, use_cache=False)
+    refs = [model.generate(ids, **kw) for kw in (greedy, beams, refused)]
     gpu_sampler.patch(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        out = model.generate(ids, **greedy)
+        assert torch.equal(model.generate(ids, **greedy), refs[0])
+        assert torch.equal(model.generate(ids, **beams), refs[1])
     assert not [w for w in record if "gpu_sampler" in str(w.message)]
-    assert torch.equal(out, ref_greedy)
     with pytest.warns(UserWarning, match="beam search on encoder-decoder"):
-        assert torch.equal(model.generate(ids, **beams), ref_beams)
+        assert torch.equal(model.generate(ids, **refused), refs[2])
     with pytest.raises(Unsupported):
-        generate(model, ids, **beams)
+        generate(model, ids, **refused)
 
 
 def test_refusals_come_before_the_encoder_runs():
@@ -302,9 +303,63 @@ def test_refusals_come_before_the_encoder_runs():
     ids, mask = _batch(12)
     calls = []
     model.get_encoder().register_forward_hook(lambda *a: calls.append(1))
-    for kw in (dict(num_beams=2), dict(encoder_repetition_penalty=1.5),
+    for kw in (dict(num_beams=2, use_cache=False), dict(encoder_repetition_penalty=1.5),
                dict(compile=True), dict(penalty_alpha=0.5, top_k=4)):
         with pytest.raises(Unsupported):
             generate(model, ids, attention_mask=mask, max_new_tokens=3, **kw)
     assert not calls
     assert seq2seq.supports(model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kw", [
+    dict(num_beams=2),
+    dict(num_beams=3, num_return_sequences=2, repetition_penalty=1.5, length_penalty=0.7),
+    dict(num_beams=2, early_stopping=True, no_repeat_ngram_size=2, min_new_tokens=3),
+], ids=["beams2", "beams3-nrs2-penalty", "early-ngram"])
+def test_beam_search_matches_transformers(arch, kw):
+    model = tiny_seq2seq(arch, seed=14)
+    ids, mask = _batch(14)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, **kw)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=False, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_beam_search_decoder_prompt_and_eos_match_transformers():
+    model = tiny_seq2seq("bart", seed=15)
+    ids, mask = _batch(15)
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=2,
+              repetition_penalty=1.4, decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+    eos = int(model.generate(ids, eos_token_id=None, **kw)[0, 6])
+    for e in (None, eos):
+        ref = model.generate(ids, eos_token_id=e, pad_token_id=0, **kw)
+        assert torch.equal(generate(model, ids, eos_token_id=e, pad_token_id=0, **kw), ref)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_beam_search_return_dict_field_by_field(arch):
+    model = tiny_seq2seq(arch, seed=16, attn="eager")
+    ids, mask = _batch(16)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=2,
+              repetition_penalty=1.3, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, output_attentions=True, output_hidden_states=True)
+    ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
+    assert type(out) is type(ref)
+    for field in ("sequences", "sequences_scores", "scores", "logits", "beam_indices",
+                  "encoder_attentions", "encoder_hidden_states", "decoder_attentions",
+                  "cross_attentions", "decoder_hidden_states"):
+        a, b = getattr(out, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if b is not None:
+            _same(a, b, field)
+
+
+def test_beam_sampling_is_reproducible_with_a_seed():
+    model = tiny_seq2seq("t5", seed=17)
+    ids, mask = _batch(17)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=True, num_beams=2,
+              temperature=3.0, num_return_sequences=2)
+    a, b = generate(model, ids, seed=5, **kw), generate(model, ids, seed=5, **kw)
+    assert torch.equal(a, b) and a.shape == model.generate(ids, **kw).shape

@@ -11,9 +11,12 @@ the config, or where returned attention weights must span the written positions 
 whose cross-attention part the model fills at the first step. Penalties, temperature, top-k,
 top-p, min-p and the draw happen in one ``sample()`` call per step.
 
-Refused with ``Unsupported`` (before the model runs): beam search, a passed cache, models that
-override ``generate`` or its input preparation (Whisper, ...), encoder inputs other than
-``input_ids`` / ``inputs_embeds``, ``compile`` and contrastive decoding.
+Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
+its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
+cache, models that override ``generate`` or its input preparation (Whisper, ...), encoder inputs
+other than ``input_ids`` / ``inputs_embeds``, ``compile`` and contrastive decoding; with beams
+also presence / frequency penalties, a streamer, ``use_cache=False`` and cache
+implementations.
 """
 import copy
 import types
@@ -22,12 +25,14 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
-from transformers.generation.utils import GenerateEncoderDecoderOutput, GenerationMixin
+from transformers.generation.utils import (GenerateBeamEncoderDecoderOutput,
+                                           GenerateEncoderDecoderOutput, GenerationMixin)
 
 from .. import params as sampling_params
 from ..reference import processed_logits_reference
 from ..sampler import sample
 from . import compat
+from .beam_search import beam_search
 from .cache import StaticKVCache
 from .common import Unsupported, is_in, prompt_history_mask
 from .processors import finite_number, plan_processors, refuse_config
@@ -82,10 +87,15 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     _refuse_model(model)
     extras = _pop_extras(kwargs)
     run = _resolve_config(model, generation_config, kwargs)
+    beams = (run.gc.num_beams or 1) > 1
+    if beams:
+        _refuse_beam_options(run, extras, streamer)
     _prepare_decoder_inputs(model, run, inputs)
     _plan_step(model, run, logits_processor, stopping_criteria, extras)
     # Every refusal came before this point: now the encoder runs and the streamer is fed.
     _encode(model, run)
+    if beams:
+        return _beam_search(model, run, extras)
     if streamer is not None:
         streamer.put(run.input_ids.cpu())
     st = _allocate(model, run)
@@ -125,8 +135,6 @@ def _resolve_config(model, generation_config, kwargs):
     gc, mk = model._prepare_generation_config(generation_config, **kwargs)
     model._validate_model_kwargs(mk.copy())
     refuse_config(gc)
-    if (gc.num_beams or 1) > 1:
-        raise Unsupported("beam search on encoder-decoder models")
     if gc.cache_implementation not in (None, "dynamic", "static"):
         raise Unsupported(f"cache_implementation={gc.cache_implementation!r} on "
                           f"encoder-decoder models")
@@ -137,6 +145,19 @@ def _resolve_config(model, generation_config, kwargs):
         raise Unsupported(f"the model arguments {other}")
     return types.SimpleNamespace(gc=gc, mk=mk, has_default_max=has_default_max,
                                  has_default_min=has_default_min)
+
+
+def _refuse_beam_options(run, extras, streamer):
+    gc = run.gc
+    if streamer is not None and not gc.do_sample:
+        raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
+                         "`num_beams` is set to 1.")
+    unsupported = [name for name, on in (
+        ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
+        ("streamer", streamer is not None), ("use_cache=False", gc.use_cache is False),
+        ("cache_implementation", gc.cache_implementation not in (None, "dynamic"))) if on]
+    if unsupported:
+        raise Unsupported(f"{unsupported} with beam search on encoder-decoder models")
 
 
 def _prepare_decoder_inputs(model, run, inputs):
@@ -185,6 +206,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
         device=run.device, model_kwargs={"decoder_attention_mask": run.dec_mask,
                                          "attention_mask": run.mk.get("attention_mask")})
     run.do_sample = bool(gc.do_sample)
+    run.procs, run.user_lp, run.user_sc = procs, user_lp, stopping_criteria
     run.torch_procs, fused = plan_processors(procs, user_lp, run.do_sample)
     user_sc = list(stopping_criteria or [])
     crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), extras.tokenizer)
@@ -415,16 +437,8 @@ def _choose(run, st, rec, step, cur):
 def _output(model, run, st, rec, sequences, n):
     """transformers' GenerateEncoderDecoderOutput for the `n` steps that ran."""
     enc = run.encoder_outputs
-    cache = st.cache
-    if st.own:
-        # Our stand-in becomes the DynamicCache transformers returns, over the positions fed.
-        length = run.L0 + n - 1
-        dynamic = DynamicCache(config=decoder_config(model))
-        for idx, layer in enumerate(st.self_cache.layers):
-            if layer.is_initialized:
-                dynamic.update(layer.keys[:run.B, :, :length].clone(),
-                               layer.values[:run.B, :, :length].clone(), idx)
-        cache = EncoderDecoderCache(dynamic, st.cache.cross_attention_cache)
+    # Our stand-in becomes the DynamicCache transformers returns, over the positions fed.
+    cache = _as_dynamic(model, st.cache, run.B, run.L0 + n - 1) if st.own else st.cache
     return compat.make_output(
         GenerateEncoderDecoderOutput, cache, sequences=sequences,
         scores=tuple(rec.scores[:n]) if run.want_scores else None,
@@ -434,6 +448,49 @@ def _output(model, run, st, rec, sequences, n):
         decoder_attentions=tuple(rec.dec_attn[:n]) if run.want_attn else None,
         cross_attentions=tuple(rec.cross[:n]) if run.want_attn else None,
         decoder_hidden_states=tuple(rec.hidden[:n]) if run.want_hidden else None)
+
+
+def _as_dynamic(model, cache, B, length):
+    """An EncoderDecoderCache of DynamicCaches holding `cache`'s first `length` positions."""
+    dynamic = DynamicCache(config=decoder_config(model))
+    for idx, layer in enumerate(cache.self_attention_cache.layers):
+        if layer.is_initialized:
+            dynamic.update(layer.keys[:B, :, :length].clone(),
+                           layer.values[:B, :, :length].clone(), idx)
+    return EncoderDecoderCache(dynamic, cache.cross_attention_cache)
+
+
+def _beam_search(model, run, extras):
+    """num_beams > 1: gpu_sampler.hf.beam_search's loop, its forward on the decoder."""
+
+    def start(rows, cache_len, want_attn):
+        # Attention weights must span the written positions only: a DynamicCache then.
+        mine = None if want_attn else _own_cache(model, rows, cache_len)
+        cfg = decoder_config(model)
+        cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
+        fixed = _fixed_inputs(model, run, types.SimpleNamespace(cache=cache))
+
+        def forward(ids, mask, pos, token_type_ids=None, embeds=None):
+            kw = dict(fixed, decoder_input_ids=ids)
+            if run.dec_mask is not None:
+                kw["decoder_attention_mask"] = mask
+            return model(**kw)
+        return cache, forward
+
+    def output(cache, **fields):
+        enc = run.encoder_outputs
+        if isinstance(cache.self_attention_cache, StaticKVCache):
+            cache = _as_dynamic(model, cache, run.B, cache.get_seq_length())
+        return compat.make_output(
+            GenerateBeamEncoderDecoderOutput, cache, **fields,
+            encoder_attentions=enc.get("attentions") if run.gc.output_attentions else None,
+            encoder_hidden_states=enc.get("hidden_states") if run.gc.output_hidden_states
+            else None)
+
+    mask = run.dec_mask if run.dec_mask is not None else torch.ones_like(run.input_ids)
+    return beam_search(model, run.input_ids, mask, run.gc, run.procs, run.user_lp, run.user_sc,
+                       extras.tokenizer, seed=extras.seed,
+                       decoder=types.SimpleNamespace(start=start, output=output))
 
 
 def _raise_if_invalid(invalid):
