@@ -121,17 +121,25 @@ def test_refusal_after_input_preparation_feeds_the_streamer_once():
     assert all(_same(x, y) for x, y in zip(rec.calls, rec_hf.calls))
 
 
-def test_encoder_decoder_model_falls_back_token_identical():
+def test_encoder_decoder_model_runs_greedy_and_falls_back_for_refusals_token_identical():
     torch.manual_seed(35)
     cfg = T5Config(vocab_size=200, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     model = T5ForConditionalGeneration(cfg).eval()
     ids = torch.randint(2, 200, (2, 7), generator=torch.Generator().manual_seed(35))
     ref = model.generate(ids, max_new_tokens=6, do_sample=False)
+    ref_beams = model.generate(ids, max_new_tokens=6, do_sample=False, num_beams=2,
+                               use_cache=False)
     gpu_sampler.patch(model)
-    with pytest.warns(UserWarning, match="encoder-decoder"):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
         out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert not _fallbacks(record)
     assert torch.equal(out, ref)
+    with pytest.warns(UserWarning, match="encoder-decoder"):
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, num_beams=2,
+                             use_cache=False)
+    assert torch.equal(out, ref_beams)
 
 
 def test_supported_calls_do_not_warn():

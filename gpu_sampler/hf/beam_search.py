@@ -92,17 +92,22 @@ class _Recorded:
     (each None unless asked for), in its order: one entry per model call, as the model gave it
     (not beam-reordered)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, enc_dec=False):
+        self.enc_dec = enc_dec
         self.scores = () if plan.want_scores else None
         self.logits = () if plan.want_logits else None
         self.attentions = () if plan.want_attn else None
+        self.cross_attentions = () if plan.want_attn and enc_dec else None
         self.hidden_states = () if plan.want_hidden else None
 
     def model_call(self, out):
         if self.attentions is not None:
-            self.attentions += (out.attentions,)
+            self.attentions += (out.decoder_attentions if self.enc_dec else out.attentions,)
+        if self.cross_attentions is not None:
+            self.cross_attentions += (out.cross_attentions,)
         if self.hidden_states is not None:
-            self.hidden_states += (out.hidden_states,)
+            self.hidden_states += (
+                out.decoder_hidden_states if self.enc_dec else out.hidden_states,)
 
     def step(self, plan, flat, logits):
         if self.logits is not None:
@@ -114,7 +119,7 @@ class _Recorded:
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
                 tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None,
-                inputs_embeds=None):
+                inputs_embeds=None, decoder=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
@@ -127,6 +132,11 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
     logits, beam_indices, past_key_values).
+
+    Encoder-decoder models pass ``decoder`` (from :mod:`gpu_sampler.hf.seq2seq`):
+    ``decoder.start(rows, cache_len, want_attn)`` -> (cache, forward) replaces the cache and
+    the forward above (``input_ids`` / ``attention_mask`` are then the decoder's), and
+    ``decoder.output(cache, **fields)`` builds the returned output.
     """
     if gc.low_memory:
         raise ValueError(
@@ -140,14 +150,17 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     cache_len = max(P + plan.max_length - plan.L - 1, P)
     # Returned attention weights span the written positions only, as with transformers'
     # DynamicCache (padding rows' weights depend on the span): then run on one.
-    cache = (DynamicCache(config=model.config) if plan.want_attn
-             else StaticKVCache(model.config, plan.N, cache_len))
-    forward = _forward_fn(model, cache, plan)
+    if decoder is not None:
+        cache, forward = decoder.start(plan.N, cache_len, plan.want_attn)
+    else:
+        cache = (DynamicCache(config=model.config) if plan.want_attn
+                 else StaticKVCache(model.config, plan.N, cache_len))
+        forward = _forward_fn(model, cache, plan)
     full_mask = torch.ones(plan.N, cache_len, dtype=attention_mask.dtype, device=plan.device)
     full_mask[:, :P] = attention_mask
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
-    rec = _Recorded(plan)
+    rec = _Recorded(plan, enc_dec=decoder is not None)
     out = forward(input_ids, attention_mask, pos, token_type_ids, inputs_embeds)
     rec.model_call(out)
     logits = _last_logits(out)
@@ -171,7 +184,7 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         rec.model_call(out)
         logits = _last_logits(out)
         pos = pos + 1
-    return _finish(plan, beams, cache, rec)
+    return _finish(plan, beams, cache, rec, decoder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +352,7 @@ def _update(model, plan, beams, topk_log_probs, topk_sequences, topk_beam_indice
         beams.heuristic_unsat, beams.is_sent_finished, hits, gc.early_stopping))
 
 
-def _finish(plan, beams, cache, rec):
+def _finish(plan, beams, cache, rec, decoder=None):
     """What model.generate returns: the best num_return_sequences per item."""
     B, nrs, L, gc = plan.B, plan.nrs, plan.L, plan.gc
     sequences = beams.sequences[:, :nrs].reshape(B * nrs, plan.max_length)
@@ -349,6 +362,12 @@ def _finish(plan, beams, cache, rec):
     sequences, beam_indices = sequences[:, :L + n], beam_indices[:, :n]
     if not gc.return_dict_in_generate:
         return sequences
+    if decoder is not None:
+        return decoder.output(
+            cache, sequences=sequences, sequences_scores=beam_scores if gc.output_scores else None,
+            scores=rec.scores, logits=rec.logits, beam_indices=beam_indices,
+            decoder_attentions=rec.attentions, cross_attentions=rec.cross_attentions,
+            decoder_hidden_states=rec.hidden_states)
     return compat.make_output(
         GenerateBeamDecoderOnlyOutput, cache, sequences=sequences,
         sequences_scores=beam_scores if gc.output_scores else None, scores=rec.scores,

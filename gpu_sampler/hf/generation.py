@@ -22,7 +22,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..reference import processed_logits_reference
 from ..sampler import sample
-from . import compat
+from . import compat, seq2seq
 from .buffers import Buffers
 from .plan import (plan_step, pop_extras, prepare_inputs, processors, refuse_arguments,
                    refuse_beam_options, resolve_config)
@@ -88,7 +88,7 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     for ``cache_implementation="static"``, the passed cache when one was given).
 
     Raises ``Unsupported`` (a NotImplementedError; ``.feature`` names it) for any argument or
-    model it does not support (assisted decoding, encoder-decoder models, ...), before any side
+    model it does not support (assisted decoding, Whisper, ...), before any side
     effect, and ValueError for invalid arguments, like transformers.
 
     Example
@@ -103,6 +103,11 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     >>> out.shape
     torch.Size([2, 7])
     """
+    if seq2seq.supports(model):  # encoder-decoder models: their own loop (hf/seq2seq.py)
+        return seq2seq.generate(
+            model, inputs, generation_config, logits_processor, stopping_criteria,
+            prefix_allowed_tokens_fn, synced_gpus, assistant_model, streamer, negative_prompt_ids,
+            negative_prompt_attention_mask, custom_generate, **kwargs)
     refuse_arguments(prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
                      assistant_model=assistant_model, negative_prompt_ids=negative_prompt_ids,
                      negative_prompt_attention_mask=negative_prompt_attention_mask,

@@ -17,47 +17,13 @@ from transformers.generation import stopping_criteria as sc
 from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
-from .common import MASKS, Unsupported, is_in
+from .common import Unsupported, is_in
+from .processors import finite_number, plan_processors, refuse_config
 
 __all__ = ["Extras", "Resolved", "Inputs", "Plan", "refuse_arguments", "pop_extras",
            "resolve_config", "prepare_inputs", "processors", "refuse_beam_options",
            "plan_step"]
 
-# Warpers fused into sample(), in transformers' order.
-_WARPERS = ((lp.TemperatureLogitsWarper, "temperature"), (lp.TopKLogitsWarper, "top_k"),
-            (lp.TopPLogitsWarper, "top_p"), (lp.MinPLogitsWarper, "min_p"))
-# transformers processors generate() would build that this loop does not implement, by the
-# argument that turns them on.
-_UNSUPPORTED_PROCESSORS = {
-    "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
-    "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
-    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
-    "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
-}
-# transformers' own processors that run as they are, in torch, at their place in the chain (a
-# warper behind them is not fused, so the order stays transformers').
-_TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor, lp.SequenceBiasLogitsProcessor,
-               lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
-               lp.TopHLogitsWarper, lp.SuppressTokensLogitsProcessor,
-               lp.SuppressTokensAtBeginLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
-               lp.ForcedEOSTokenLogitsProcessor, lp.ExponentialDecayLengthPenalty,
-               lp.LogitNormalization, lp.WatermarkLogitsProcessor,
-               lp.SynthIDTextWatermarkLogitsProcessor)
-# generate() arguments with a non-default value that this loop cannot honour.
-_UNSUPPORTED_CONFIG = (
-    ("num_beam_groups", lambda v: v is not None and v > 1),
-    ("diversity_penalty", lambda v: v not in (None, 0.0)),
-    ("penalty_alpha", lambda v: v is not None),
-    ("dola_layers", lambda v: v is not None),
-    ("guidance_scale", lambda v: v is not None and v != 1),
-    ("prompt_lookup_num_tokens", lambda v: v is not None),
-    ("assistant_early_exit", lambda v: v is not None),
-    ("token_healing", lambda v: bool(v)),
-    ("constraints", lambda v: v is not None),
-    ("force_words_ids", lambda v: v is not None),
-    ("cache_implementation", lambda v: v == "paged"),
-    ("prefill_chunk_size", lambda v: v is not None),
-)
 _UNSUPPORTED_ARGS = ("assistant_tokenizer",)
 # Model inputs generate() forwards to the model besides the prompt and its attention mask.
 _MODEL_INPUTS = ("past_key_values", "cache", "inputs_embeds", "position_ids", "token_type_ids",
@@ -137,14 +103,6 @@ class Plan:
         return self.inputs.gc
 
 
-def _check_extra(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
 def refuse_arguments(synced_gpus, **named):
     for name, value in named.items():
         if value is not None:
@@ -159,8 +117,8 @@ def pop_extras(model, kwargs):
         if kwargs.pop(name, None) is not None:
             raise Unsupported(f"`{name}`")
     return Extras(
-        presence=_check_extra("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
-        frequency=_check_extra("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
+        presence=finite_number("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
+        frequency=finite_number("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
         seed=kwargs.pop("seed", None),
         compile=bool(kwargs.pop("compile", False)),
         tokenizer=kwargs.pop("tokenizer", None),
@@ -170,8 +128,10 @@ def pop_extras(model, kwargs):
 def resolve_config(model, generation_config, kwargs):
     """transformers' config priority: kwargs > generation_config > the model's defaults."""
     if getattr(model.config, "is_encoder_decoder", False):
-        raise Unsupported("encoder-decoder models",
-                          "gpu_sampler.generate supports decoder-only models only")
+        # (the ones hf/seq2seq.py runs never get here: Whisper and other models with their own
+        # generate do)
+        raise Unsupported(f"{type(model).__name__} (an encoder-decoder model with its own "
+                          f"generate)")
     if not model._supports_default_dynamic_cache():
         raise Unsupported(f"{type(model).__name__} (its cache is not a transformers key/value "
                           f"Cache)")
@@ -190,11 +150,7 @@ def resolve_config(model, generation_config, kwargs):
 
 
 def _refuse_unsupported(gc, model_kwargs):
-    for name, bad in _UNSUPPORTED_CONFIG:
-        value = getattr(gc, name, None)
-        if bad(value):
-            raise Unsupported(f"`{name}`", f"gpu_sampler.generate does not support "
-                                           f"`{name}`={value!r}")
+    refuse_config(gc)
     other = sorted(k for k, v in model_kwargs.items()
                    if k not in _MODEL_INPUTS and k != "attention_mask" and v is not None)
     if other:
@@ -317,50 +273,6 @@ def refuse_beam_options(inputs, extras):
         raise Unsupported(f"{unsupported} with num_beams > 1")
 
 
-def _refuse_processors(procs, user):
-    for p in procs:
-        name = type(p).__name__
-        if not is_in(p, user) and name in _UNSUPPORTED_PROCESSORS:
-            arg = _UNSUPPORTED_PROCESSORS[name]
-            raise Unsupported(f"`{arg}`", f"gpu_sampler.generate does not support `{arg}` "
-                                          f"({name}); use model.generate for it")
-        if not is_in(p, user) and not isinstance(
-                p, MASKS + _TORCH_ONLY + (lp.RepetitionPenaltyLogitsProcessor,)
-                + tuple(c for c, _ in _WARPERS)):
-            raise Unsupported(name, f"gpu_sampler.generate does not support the logits "
-                                    f"processor {name} that the generation config enables")
-
-
-def _plan_processors(procs, user, do_sample):
-    """Split transformers' processor list into (torch-side list, fused sample() kwargs).
-
-    The fast path fuses the repetition penalty and the trailing warpers; user processors force
-    the penalty into torch so it still runs before them, as in transformers.
-    """
-    _refuse_processors(procs, user)
-    fused = {}
-    cut = len(procs)
-    rank = len(_WARPERS)
-    while cut > 0 and do_sample:
-        p = procs[cut - 1]
-        r = next((i for i, (c, _) in enumerate(_WARPERS) if type(p) is c), None)
-        if r is None or r >= rank or is_in(p, user) or getattr(p, "min_tokens_to_keep", 1) != 1:
-            break
-        fused[_WARPERS[r][1]] = getattr(p, _WARPERS[r][1])
-        rank, cut = r, cut - 1
-    head = list(procs[:cut])
-    pure = all(isinstance(p, MASKS) or (type(p) is lp.RepetitionPenaltyLogitsProcessor
-                                         and not is_in(p, user)) for p in head)
-    if pure:
-        for p in head:
-            if type(p) is lp.RepetitionPenaltyLogitsProcessor:
-                fused["repetition_penalty"] = float(p.penalty)
-        head = [p for p in head if type(p) is not lp.RepetitionPenaltyLogitsProcessor]
-    if not do_sample:
-        fused["temperature"] = 0.0
-    return lp.LogitsProcessorList(head), fused
-
-
 def _criteria(model, gc, stopping_criteria, tokenizer):
     """(has_eos, host criteria): the loop bound and the on-device EOS test replace the built
     length / EOS criteria."""
@@ -379,7 +291,7 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
     """Processors, stopping criteria, the fused sample() arguments and what is returned."""
     gc = inputs.gc
     procs, user_lp = processors(model, inputs, logits_processor)
-    torch_procs, fused = _plan_processors(procs, user_lp, bool(gc.do_sample))
+    torch_procs, fused = plan_processors(procs, user_lp, bool(gc.do_sample))
     has_eos, host_crit = _criteria(model, gc, stopping_criteria, extras.tokenizer)
     sample_kw = dict(fused)
     sample_kw.setdefault("repetition_penalty", 1.0)

@@ -1,0 +1,500 @@
+"""``generate`` for encoder-decoder models (T5, BART, Marian, ...): greedy and sampling.
+
+Mirrors transformers 5.x ``generate`` / ``_sample`` for ``config.is_encoder_decoder`` with its
+own helpers: config priority, the encoder input (``input_ids`` or ``inputs_embeds``), special
+tokens (``decoder_start_token_id``), ``decoder_input_ids`` / ``decoder_attention_mask`` as the
+user gives them (the start token prepended where missing), expansion for
+``num_return_sequences``, lengths, processors and stopping criteria. The encoder runs once;
+the decoder loop runs on transformers' ``EncoderDecoderCache`` whose self-attention part is a
+:class:`~gpu_sampler.hf.cache.StaticKVCache` (transformers' ``DynamicCache`` where it refuses
+the config, or where returned attention weights must span the written positions only) and
+whose cross-attention part the model fills at the first step. Penalties, temperature, top-k,
+top-p, min-p and the draw happen in one ``sample()`` call per step.
+
+Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
+its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
+cache, models that override ``generate`` or its input preparation (Whisper, ...), encoder inputs
+other than ``input_ids`` / ``inputs_embeds``, ``compile`` and contrastive decoding; with beams
+also presence / frequency penalties, a streamer, ``use_cache=False`` and cache
+implementations.
+"""
+import copy
+import types
+
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation import logits_process as lp
+from transformers.generation import stopping_criteria as sc
+from transformers.generation.utils import (GenerateBeamEncoderDecoderOutput,
+                                           GenerateEncoderDecoderOutput, GenerationMixin)
+
+from .. import params as sampling_params
+from ..reference import processed_logits_reference
+from ..sampler import sample
+from . import compat
+from .beam_search import beam_search
+from .cache import StaticKVCache
+from .common import Unsupported, is_in, prompt_history_mask
+from .processors import finite_number, plan_processors, refuse_config
+
+__all__ = ["generate", "supports"]
+
+# Model arguments the loop forwards (or consumes) besides generation arguments.
+_MODEL_INPUTS = ("attention_mask", "decoder_attention_mask", "decoder_input_ids",
+                 "encoder_outputs", "inputs_embeds", "input_ids", "output_attentions",
+                 "output_hidden_states", "use_cache", "logits_to_keep")
+# generate() arguments of gpu_sampler that this loop does not implement.
+_REFUSED_EXTRAS = ("compile", "amateur_model", "cd_alpha", "cd_beta", "assistant_tokenizer")
+# transformers methods a model may override to change what generate feeds it.
+_HOOKS = ("generate", "prepare_inputs_for_generation", "_update_model_kwargs_for_generation",
+          "_prepare_decoder_input_ids_for_generation", "_sample")
+_CHECK_EVERY = 8
+_INITIAL_NEW_POSITIONS = 256
+
+
+def supports(model):
+    """Whether ``model`` is an encoder-decoder model (its calls go to this module)."""
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+@torch.no_grad()
+def generate(model, inputs=None, generation_config=None, logits_processor=None,
+             stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None,
+             assistant_model=None, streamer=None, negative_prompt_ids=None,
+             negative_prompt_attention_mask=None, custom_generate=None, **kwargs):
+    """Like ``model.generate`` on an encoder-decoder model (greedy or sampling).
+
+    ``inputs`` / ``input_ids`` (or ``inputs_embeds``) feed the encoder, with ``attention_mask``
+    (not inferred from padding when missing, as transformers); ``decoder_input_ids`` /
+    ``decoder_attention_mask`` optionally start the decoder. Generation arguments as in
+    transformers, plus ``presence_penalty``, ``frequency_penalty`` and ``seed`` (row b draws
+    from seed + b at each decoder position: reproducible and batch-independent).
+
+    Returns LongTensor [B * num_return_sequences, L_dec + steps] (the decoder sequences), or a
+    ``GenerateEncoderDecoderOutput`` with ``return_dict_in_generate=True`` (scores, logits,
+    encoder / decoder / cross attentions, hidden states and the ``EncoderDecoderCache`` as
+    transformers returns them).
+    """
+    for name, value in (("prefix_allowed_tokens_fn", prefix_allowed_tokens_fn),
+                        ("assistant_model", assistant_model),
+                        ("negative_prompt_ids", negative_prompt_ids),
+                        ("negative_prompt_attention_mask", negative_prompt_attention_mask),
+                        ("custom_generate", custom_generate)):
+        if value is not None:
+            raise Unsupported(f"`{name}`")
+    if synced_gpus:
+        raise Unsupported("`synced_gpus=True`")
+    _refuse_model(model)
+    extras = _pop_extras(kwargs)
+    run = _resolve_config(model, generation_config, kwargs)
+    beams = (run.gc.num_beams or 1) > 1
+    if beams:
+        _refuse_beam_options(run, extras, streamer)
+    _prepare_decoder_inputs(model, run, inputs)
+    _plan_step(model, run, logits_processor, stopping_criteria, extras)
+    # Every refusal came before this point: now the encoder runs and the streamer is fed.
+    _encode(model, run)
+    if beams:
+        return _beam_search(model, run, extras)
+    if streamer is not None:
+        streamer.put(run.input_ids.cpu())
+    st = _allocate(model, run)
+    return _decode(model, run, st, streamer)
+
+
+def _refuse_model(model):
+    for hook in _HOOKS:
+        mine = getattr(type(model), hook, None)
+        if mine is not None and mine is not getattr(GenerationMixin, hook, None):
+            raise Unsupported(f"{type(model).__name__} (it overrides {hook})",
+                              f"gpu_sampler.generate does not support {type(model).__name__}: "
+                              f"it overrides transformers' {hook}")
+
+
+def _pop_extras(kwargs):
+    for name in _REFUSED_EXTRAS:
+        if kwargs.get(name) not in (None, False):
+            raise Unsupported(f"`{name}` with encoder-decoder models")
+        kwargs.pop(name, None)
+    return types.SimpleNamespace(
+        presence=finite_number("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
+        frequency=finite_number("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
+        seed=kwargs.pop("seed", None), tokenizer=kwargs.pop("tokenizer", None))
+
+
+def _resolve_config(model, generation_config, kwargs):
+    """transformers' config priority, then the refusals that need only the config."""
+    defaults = model.generation_config
+    has_default_max = (kwargs.get("max_length") is None and (
+        generation_config is None or generation_config.max_length is None)
+        and defaults.max_length is None)
+    has_default_min = (kwargs.get("min_length") is None and (
+        generation_config is None or generation_config.min_length is None)
+        and defaults.min_length is None)
+    compat.take_cache(model, kwargs)
+    gc, mk = model._prepare_generation_config(generation_config, **kwargs)
+    model._validate_model_kwargs(mk.copy())
+    refuse_config(gc)
+    if gc.cache_implementation not in (None, "dynamic", "static"):
+        raise Unsupported(f"cache_implementation={gc.cache_implementation!r} on "
+                          f"encoder-decoder models")
+    if compat.pop_cache(dict(mk)) is not None:
+        raise Unsupported("a passed past_key_values on encoder-decoder models")
+    other = sorted(k for k, v in mk.items() if k not in _MODEL_INPUTS and v is not None)
+    if other:
+        raise Unsupported(f"the model arguments {other}")
+    return types.SimpleNamespace(gc=gc, mk=mk, has_default_max=has_default_max,
+                                 has_default_min=has_default_min)
+
+
+def _refuse_beam_options(run, extras, streamer):
+    gc = run.gc
+    if streamer is not None and not gc.do_sample:
+        raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
+                         "`num_beams` is set to 1.")
+    unsupported = [name for name, on in (
+        ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
+        ("streamer", streamer is not None), ("use_cache=False", gc.use_cache is False),
+        ("cache_implementation", gc.cache_implementation not in (None, "dynamic"))) if on]
+    if unsupported:
+        raise Unsupported(f"{unsupported} with beam search on encoder-decoder models")
+
+
+def _prepare_decoder_inputs(model, run, inputs):
+    """Encoder input, special tokens, decoder prompt (expanded) and lengths, as transformers."""
+    gc, mk = run.gc, run.mk
+    has_mask = mk.get("attention_mask") is not None
+    inputs_tensor, input_name, mk = model._prepare_model_inputs(inputs, gc.bos_token_id, mk)
+    if input_name not in ("input_ids", "inputs_embeds"):
+        raise Unsupported(f"`{input_name}` (encoder input) on encoder-decoder models")
+    device, B0 = inputs_tensor.device, inputs_tensor.shape[0]
+    model._prepare_special_tokens(gc, has_mask, device=device, batch_size=B0)
+    dec_ids, mk = model._prepare_decoder_input_ids_for_generation(
+        batch_size=B0, model_input_name=input_name, model_kwargs=mk,
+        decoder_start_token_id=gc._decoder_start_token_tensor, device=device)
+    if dec_ids.dim() != 2 or dec_ids.dtype.is_floating_point:
+        raise ValueError(f"decoder_input_ids must be a 2-D integer tensor, got "
+                         f"{tuple(dec_ids.shape)} {dec_ids.dtype}")
+    dec_mask = mk.pop("decoder_attention_mask", None)
+    if dec_mask is not None and tuple(dec_mask.shape) != tuple(dec_ids.shape):
+        raise ValueError(f"decoder_attention_mask has shape {tuple(dec_mask.shape)}, "
+                         f"decoder_input_ids {tuple(dec_ids.shape)}")
+    run.expand = max(gc.num_beams or 1, gc.num_return_sequences or 1)
+    dec_kw = {} if dec_mask is None else {"decoder_attention_mask": dec_mask.to(device)}
+    dec_ids, dec_kw = model._expand_inputs_for_generation(
+        input_ids=dec_ids.to(device=device, dtype=torch.long), expand_size=run.expand, **dec_kw)
+    L0 = dec_ids.shape[1]
+    gc = model._prepare_generated_length(gc, run.has_default_max, run.has_default_min,
+                                         input_name, inputs_tensor=inputs_tensor,
+                                         input_ids_length=L0)
+    model._validate_generated_length(gc, L0, run.has_default_max)
+    run.gc, run.mk, run.inputs_tensor, run.input_name = gc, mk, inputs_tensor, input_name
+    run.input_ids, run.dec_mask = dec_ids, dec_kw.get("decoder_attention_mask")
+    run.device, run.B0, run.B, run.L0 = device, B0, dec_ids.shape[0], L0
+    run.max_new = gc.max_length - L0
+    # Self-attention positions the cache holds at the end (the last token is never fed).
+    run.kv_total = max(L0 + run.max_new - 1, L0)
+
+
+def _plan_step(model, run, logits_processor, stopping_criteria, extras):
+    """Processors (transformers' list for enc-dec), criteria and the fused sample() kwargs."""
+    gc = run.gc
+    user_lp = list(logits_processor or [])
+    procs = model._get_logits_processor(
+        generation_config=gc, input_ids_seq_length=run.L0, encoder_input_ids=run.inputs_tensor,
+        prefix_allowed_tokens_fn=None, logits_processor=lp.LogitsProcessorList(user_lp),
+        device=run.device, model_kwargs={"decoder_attention_mask": run.dec_mask,
+                                         "attention_mask": run.mk.get("attention_mask")})
+    run.do_sample = bool(gc.do_sample)
+    run.procs, run.user_lp, run.user_sc = procs, user_lp, stopping_criteria
+    run.torch_procs, fused = plan_processors(procs, user_lp, run.do_sample)
+    user_sc = list(stopping_criteria or [])
+    crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), extras.tokenizer)
+    run.has_eos = any(hasattr(c, "eos_token_id") for c in crit)
+    # The loop bound and the on-device EOS test replace the built length / EOS criteria.
+    run.host_crit = sc.StoppingCriteriaList(
+        c for c in crit if is_in(c, user_sc)
+        or not isinstance(c, (sc.MaxLengthCriteria, sc.EosTokenCriteria)))
+    run.eos, run.pad = gc._eos_token_tensor, gc._pad_token_tensor
+    if run.has_eos and run.pad is None:
+        raise ValueError("eos_token_id is set but pad_token_id is None: set pad_token_id")
+    sample_kw = dict(fused)
+    sample_kw.setdefault("repetition_penalty", 1.0)
+    sample_kw["presence_penalty"] = extras.presence
+    sample_kw["frequency_penalty"] = extras.frequency
+    run.ref_kw = dict(sample_kw)
+    run.seeded = extras.seed is not None
+    if run.seeded:
+        sample_kw["seed"] = sampling_params.row_seeds(extras.seed, run.B, run.device)
+    run.sample_kw = sample_kw
+    rd = bool(gc.return_dict_in_generate)
+    run.want_scores = rd and bool(gc.output_scores)
+    run.want_logits = rd and bool(gc.output_logits)
+    run.want_attn = rd and bool(gc.output_attentions)
+    run.want_hidden = rd and bool(gc.output_hidden_states)
+
+
+def _encode(model, run):
+    """The encoder, once (transformers' helper), then its outputs expanded like the prompt."""
+    mk = run.mk
+    if mk.get("attention_mask") is not None:
+        mk["attention_mask"] = mk["attention_mask"].to(run.device)
+    prepare = getattr(model, "_maybe_prepare_encoder_kwargs_for_generation", None) or getattr(
+        model, "_prepare_encoder_decoder_kwargs_for_generation")
+    if mk.get("encoder_outputs") is None:
+        mk = prepare(run.inputs_tensor, mk, run.input_name, run.gc)
+    enc = {"encoder_outputs": mk["encoder_outputs"]}
+    if mk.get("attention_mask") is not None:
+        enc["attention_mask"] = mk["attention_mask"]
+    _, enc = model._expand_inputs_for_generation(input_ids=None, expand_size=run.expand,
+                                                 is_encoder_decoder=True, **enc)
+    run.encoder_outputs, run.enc_mask = enc["encoder_outputs"], enc.get("attention_mask")
+
+
+def decoder_config(model):
+    """The decoder's text config, with the decoder's layer count (T5's num_decoder_layers)."""
+    cfg = model.config.get_text_config(decoder=True)
+    n = getattr(cfg, "num_decoder_layers", None)
+    if n is not None and n != cfg.num_hidden_layers:
+        cfg = copy.deepcopy(cfg)
+        cfg.num_hidden_layers = n
+    return cfg
+
+
+def _own_cache(model, B, length):
+    try:
+        return StaticKVCache(decoder_config(model), B, length)
+    except (ValueError, NotImplementedError):  # layer types it does not hold
+        return None
+
+
+def _allocate(model, run):
+    """The working EncoderDecoderCache and the sequence / history / decoder-mask buffers."""
+    gc, B, L0 = run.gc, run.B, run.L0
+    st = types.SimpleNamespace(own=False, cache=None, self_cache=None, kv=0)
+    cap = min(run.kv_total, L0 + _INITIAL_NEW_POSITIONS)
+    if gc.use_cache is not False:
+        if gc.cache_implementation == "static":
+            made = {"encoder_outputs": run.encoder_outputs}
+            model._prepare_cache_for_generation(gc, made, None, run.B0, gc.max_length - 1)
+            st.cache = compat.pop_cache(made)
+        else:
+            # Attention weights must span the written positions only: a DynamicCache then.
+            mine = None if run.want_attn else _own_cache(model, B, cap)
+            st.own = mine is not None
+            self_cache = mine if st.own else DynamicCache(config=decoder_config(model))
+            st.cache = EncoderDecoderCache(self_cache, DynamicCache(config=decoder_config(model)))
+        st.self_cache = st.cache.self_attention_cache
+    st.cap = cap if st.own else run.kv_total
+    static = st.cache is not None and st.cache.is_compileable
+    st.static_len = st.cache.get_max_length() if static else 0
+    st.mask = None
+    if run.dec_mask is not None:
+        st.mask = run.dec_mask.new_ones(B, max(st.cap, st.static_len, L0))
+        st.mask[:, :L0] = run.dec_mask
+    seq_cap = min(gc.max_length, L0 + _INITIAL_NEW_POSITIONS)
+    st.out = torch.empty(B, seq_cap, dtype=torch.long, device=run.device)
+    st.out[:, :L0] = run.input_ids
+    # Penalty history: positions before the first attended decoder token (transformers'
+    # prompt_ignore_length, from decoder_attention_mask) and unwritten slots are -1.
+    st.hist = torch.full((B, seq_cap), -1, dtype=torch.long, device=run.device)
+    ids = run.input_ids
+    if run.dec_mask is not None:
+        ids = ids.masked_fill(prompt_history_mask(run.dec_mask, L0), -1)
+    st.hist[:, :L0] = ids
+    st.fixed_kw = _fixed_inputs(model, run, st)
+    st.forward = model
+    if st.cache is not None and not st.own and model._valid_auto_compile_criteria(
+            compat.cache_entry(st.cache), gc):
+        st.forward = model.get_compiled_call(gc.compile_config)
+    return st
+
+
+def _fixed_inputs(model, run, st):
+    """The forward arguments every decoder step shares."""
+    kw = {"encoder_outputs": run.encoder_outputs, "use_cache": st.cache is not None,
+          "return_dict": True}
+    if run.enc_mask is not None:
+        kw["attention_mask"] = run.enc_mask
+    if st.cache is not None:
+        kw[compat.cache_arg(model)] = st.cache
+    if model._supports_logits_to_keep():
+        kw["logits_to_keep"] = run.mk.get("logits_to_keep", 1)
+    if run.want_attn:
+        kw["output_attentions"] = True
+    if run.want_hidden:
+        kw["output_hidden_states"] = True
+    return kw
+
+
+def _ensure_room(run, st, kv_need, seq_need):
+    """Double our cache, the decoder mask and the sequence buffers when full (between steps)."""
+    if st.own and kv_need > st.cap:
+        st.cap = min(run.kv_total, max(kv_need, 2 * st.cap))
+        st.self_cache.grow(st.cap)
+        st.static_len = st.cache.get_max_length()
+    if st.mask is not None and max(kv_need, st.static_len) > st.mask.shape[1]:
+        width = max(kv_need, st.static_len, min(2 * st.mask.shape[1], run.kv_total))
+        bigger = st.mask.new_ones(run.B, width)
+        bigger[:, :st.mask.shape[1]] = st.mask
+        st.mask = bigger
+    if seq_need > st.out.shape[1]:
+        cap = min(run.gc.max_length, max(seq_need, 2 * st.out.shape[1]))
+        for name, fill in (("out", 0), ("hist", -1)):
+            buf = getattr(st, name)
+            bigger = buf.new_full((run.B, cap), fill)
+            bigger[:, :buf.shape[1]] = buf
+            setattr(st, name, bigger)
+
+
+def _step(run, st, ids, length):
+    """One decoder forward over `ids` (the tokens past st.kv; the whole sequence without a
+    cache): (last logits float32, decoder attentions, cross attentions, decoder hidden)."""
+    kw = dict(st.fixed_kw)
+    kw["decoder_input_ids"] = ids
+    if st.mask is not None:
+        kw["decoder_attention_mask"] = st.mask[:, :max(length, st.static_len)]
+    o = st.forward(**kw)
+    logits = o.logits[:, -1, :].to(torch.float32, copy=True)
+    return (logits, o.decoder_attentions if run.want_attn else None,
+            o.cross_attentions if run.want_attn else None,
+            o.decoder_hidden_states if run.want_hidden else None)
+
+
+def _decode(model, run, st, streamer):
+    """The first step over the decoder prompt, then one sample() per step until every row
+    stops or max_length is reached."""
+    B, L0, device = run.B, run.L0, run.device
+    step = _step(run, st, run.input_ids, L0)
+    st.kv = L0
+    rec = types.SimpleNamespace(scores=[], logits=[], dec_attn=[], cross=[], hidden=[])
+    unfinished = torch.ones(B, dtype=torch.bool, device=device)
+    invalid = torch.zeros(B, dtype=torch.bool, device=device)
+    steps_run = torch.zeros((), dtype=torch.long, device=device)
+    # A cache handed back as is must not hold positions of steps past the stop.
+    returns_cache = not st.own and st.cache is not None and run.gc.return_dict_in_generate
+    sync_every_step = streamer is not None or len(run.host_crit) > 0 or returns_cache
+    for i in range(run.max_new):
+        cur = L0 + i
+        tok = _choose(run, st, rec, step, cur)
+        invalid |= unfinished & (tok < 0)
+        tok = tok.clamp_min(0)  # an invalid row (-1) must not reach the embedding
+        if run.has_eos:
+            tok = torch.where(unfinished, tok, run.pad)
+        st.out[:, cur] = tok
+        st.hist[:, cur] = tok
+        steps_run += unfinished.any()
+        if streamer is not None:
+            streamer.put(tok.cpu())
+        if run.has_eos:
+            unfinished &= ~torch.isin(tok, run.eos)
+        if len(run.host_crit):
+            unfinished &= ~run.host_crit(st.out[:, :cur + 1], rec.last_scores).to(device)
+        if i == run.max_new - 1:
+            break
+        if sync_every_step or (i + 1) % _CHECK_EVERY == 0:
+            _raise_if_invalid(invalid)
+            if not bool(unfinished.any()):
+                break
+        _ensure_room(run, st, cur + 1, cur + 2)
+        ids = tok[:, None] if st.cache is not None else st.out[:, :cur + 1]
+        step = _step(run, st, ids, cur + 1)
+        st.kv = cur + 1
+    _raise_if_invalid(invalid)
+    n = int(steps_run)
+    if streamer is not None:
+        streamer.end()
+    sequences = st.out[:, :L0 + n]
+    if not run.gc.return_dict_in_generate:
+        return sequences
+    return _output(model, run, st, rec, sequences, n)
+
+
+def _choose(run, st, rec, step, cur):
+    """Record the step's outputs, run the torch-side processors, draw with sample()."""
+    logits, dec_attn, cross, hidden = step
+    if run.want_attn:
+        rec.dec_attn.append(dec_attn)
+        rec.cross.append(cross)
+    if run.want_hidden:
+        rec.hidden.append(hidden)
+    if run.want_logits:
+        rec.logits.append(logits.clone())
+    scores = logits
+    if len(run.torch_procs):
+        scores = run.torch_procs(st.out[:, :cur], scores)
+    rec.last_scores = scores
+    if run.want_scores:
+        rec.scores.append(processed_logits_reference(
+            scores, input_ids=st.hist, prompt_lens=run.L0, **run.ref_kw))
+    kw = run.sample_kw
+    if run.seeded:
+        # A row's draw depends only on (its seed, its decoder position): batch-independent.
+        kw = dict(kw, offset=cur)
+    return sample(scores, input_ids=st.hist, prompt_lens=run.L0, check=False, **kw)
+
+
+def _output(model, run, st, rec, sequences, n):
+    """transformers' GenerateEncoderDecoderOutput for the `n` steps that ran."""
+    enc = run.encoder_outputs
+    # Our stand-in becomes the DynamicCache transformers returns, over the positions fed.
+    cache = _as_dynamic(model, st.cache, run.B, run.L0 + n - 1) if st.own else st.cache
+    return compat.make_output(
+        GenerateEncoderDecoderOutput, cache, sequences=sequences,
+        scores=tuple(rec.scores[:n]) if run.want_scores else None,
+        logits=tuple(rec.logits[:n]) if run.want_logits else None,
+        encoder_attentions=enc.get("attentions") if run.gc.output_attentions else None,
+        encoder_hidden_states=enc.get("hidden_states") if run.gc.output_hidden_states else None,
+        decoder_attentions=tuple(rec.dec_attn[:n]) if run.want_attn else None,
+        cross_attentions=tuple(rec.cross[:n]) if run.want_attn else None,
+        decoder_hidden_states=tuple(rec.hidden[:n]) if run.want_hidden else None)
+
+
+def _as_dynamic(model, cache, B, length):
+    """An EncoderDecoderCache of DynamicCaches holding `cache`'s first `length` positions."""
+    dynamic = DynamicCache(config=decoder_config(model))
+    for idx, layer in enumerate(cache.self_attention_cache.layers):
+        if layer.is_initialized:
+            dynamic.update(layer.keys[:B, :, :length].clone(),
+                           layer.values[:B, :, :length].clone(), idx)
+    return EncoderDecoderCache(dynamic, cache.cross_attention_cache)
+
+
+def _beam_search(model, run, extras):
+    """num_beams > 1: gpu_sampler.hf.beam_search's loop, its forward on the decoder."""
+
+    def start(rows, cache_len, want_attn):
+        # Attention weights must span the written positions only: a DynamicCache then.
+        mine = None if want_attn else _own_cache(model, rows, cache_len)
+        cfg = decoder_config(model)
+        cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
+        fixed = _fixed_inputs(model, run, types.SimpleNamespace(cache=cache))
+
+        def forward(ids, mask, pos, token_type_ids=None, embeds=None):
+            kw = dict(fixed, decoder_input_ids=ids)
+            if run.dec_mask is not None:
+                kw["decoder_attention_mask"] = mask
+            return model(**kw)
+        return cache, forward
+
+    def output(cache, **fields):
+        enc = run.encoder_outputs
+        if isinstance(cache.self_attention_cache, StaticKVCache):
+            cache = _as_dynamic(model, cache, run.B, cache.get_seq_length())
+        return compat.make_output(
+            GenerateBeamEncoderDecoderOutput, cache, **fields,
+            encoder_attentions=enc.get("attentions") if run.gc.output_attentions else None,
+            encoder_hidden_states=enc.get("hidden_states") if run.gc.output_hidden_states
+            else None)
+
+    mask = run.dec_mask if run.dec_mask is not None else torch.ones_like(run.input_ids)
+    return beam_search(model, run.input_ids, mask, run.gc, run.procs, run.user_lp, run.user_sc,
+                       extras.tokenizer, seed=extras.seed,
+                       decoder=types.SimpleNamespace(start=start, output=output))
+
+
+def _raise_if_invalid(invalid):
+    if bool(invalid.any()):
+        rows = invalid.nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows} have no valid token to sample (NaN logits, or every token "
+                         f"filtered to -inf by the processors)")

@@ -1,0 +1,365 @@
+"""generate() on encoder-decoder models (gpu_sampler/hf/seq2seq.py) against model.generate.
+
+Tiny random T5, BART and Marian models built from their configs (no hub): greedy is
+token-identical to transformers (right-padded encoder batch as their tokenizers pad, decoder
+prompts, eos mid-way, penalties, num_return_sequences, the cache kinds), return_dict outputs
+are compared field by field, sampling is reproducible with a seed and draws the first token
+from transformers' processed distribution.
+"""
+import warnings
+
+import pytest
+import torch
+from scipy import stats
+from transformers import (AutoModelForSeq2SeqLM, BartConfig, GenerationConfig, MarianConfig,
+                          T5Config)
+
+import gpu_sampler
+from gpu_sampler.hf import seq2seq
+from gpu_sampler.hf.cache import StaticKVCache
+from gpu_sampler.hf.common import Unsupported
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.tiny import seeded_random_model
+
+V = 120
+ARCHS = ("t5", "bart", "marian")
+
+
+def tiny_seq2seq(arch, seed=0, attn="sdpa"):
+    """A random encoder-decoder model; ids 0 / 1 / 2 are pad / bos / eos."""
+    common = dict(vocab_size=V, pad_token_id=0, eos_token_id=2)
+    if arch == "t5":
+        cfg = T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                       relative_attention_num_buckets=8, dropout_rate=0.0,
+                       decoder_start_token_id=0, **common)
+    else:
+        cls = BartConfig if arch == "bart" else MarianConfig
+        cfg = cls(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                  max_position_embeddings=128, dropout=0.0, forced_eos_token_id=None,
+                  decoder_start_token_id=2 if arch == "bart" else 0, bos_token_id=1, **common)
+    cfg._attn_implementation = attn
+    model = seeded_random_model(lambda: AutoModelForSeq2SeqLM.from_config(cfg), seed, std=0.2)
+    model.generation_config = GenerationConfig(
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=cfg.decoder_start_token_id)
+    return model
+
+
+def _batch(seed, lengths=(6, 3, 5)):
+    """Encoder ids right-padded (as T5 / BART tokenizers pad) with their attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(3, V, (n,), generator=g)
+        mask[b, :n] = 1
+    return ids, mask
+
+
+def _same(a, b, path="out"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape, (path, a.shape, b.shape)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=path)
+    elif isinstance(a, (tuple, list)):
+        assert isinstance(b, (tuple, list)) and len(a) == len(b), (path, len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def _same_cache(a, b):
+    assert type(a) is type(b), (type(a), type(b))
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        la, lb = getattr(a, part).layers, getattr(b, part).layers
+        assert len(la) == len(lb), part
+        for i, (x, y) in enumerate(zip(la, lb)):
+            _same(x.keys, y.keys, f"{part}[{i}].keys")
+            _same(x.values, y.values, f"{part}[{i}].values")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(repetition_penalty=2.0),
+    dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=4),
+    dict(use_cache=False, repetition_penalty=2.0),
+    dict(cache_implementation="static", repetition_penalty=2.0),
+], ids=["plain", "penalty", "ngram-min", "no-cache", "static"])
+def test_greedy_matches_transformers(arch, kw):
+    model = tiny_seq2seq(arch, seed=1)
+    ids, mask = _batch(1)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, **kw)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=10, do_sample=False, **kw)
+    assert torch.equal(out, ref)
+    assert len({tuple(r) for r in ref[:, 1:].tolist()}) > 1  # the rows differ
+
+
+def test_greedy_runs_on_our_static_cache_and_grows_it(monkeypatch):
+    model = tiny_seq2seq("t5", seed=2)
+    ids, mask = _batch(2, (4, 2))
+    writes = []
+    real = StaticKVCache.update
+    monkeypatch.setattr(StaticKVCache, "update",
+                        lambda self, k, v, i, *a, **kw: writes.append(i) or real(self, k, v, i,
+                                                                                  *a, **kw))
+    kw = dict(max_new_tokens=300, min_new_tokens=300, repetition_penalty=1.3, do_sample=False)
+    out = generate(model, ids, attention_mask=mask, **kw)
+    assert len(writes) == 2 * 300  # 2 decoder layers x (prompt + 299 fed tokens)
+    monkeypatch.undo()
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_decoder_prompt_and_mask_match_transformers(arch):
+    model = tiny_seq2seq(arch, seed=3)
+    ids, mask = _batch(3)
+    # Left-padded decoder prompts without the start token: transformers prepends it.
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    for extra in (dict(decoder_input_ids=dec),
+                  dict(decoder_input_ids=dec, decoder_attention_mask=dec_mask)):
+        kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False,
+                  repetition_penalty=1.4, **extra)
+        ref = model.generate(ids, **kw)
+        out = generate(model, ids, **kw)
+        assert ref.shape[1] == 4 + 8
+        assert torch.equal(out, ref)
+
+
+def test_encoder_inputs_embeds_outputs_and_streamer_match_transformers():
+    from transformers.generation.streamers import BaseStreamer
+
+    class Record(BaseStreamer):
+        def __init__(self):
+            self.calls = []
+
+        def put(self, value):
+            self.calls.append(value.clone())
+
+        def end(self):
+            self.calls.append("end")
+
+    model = tiny_seq2seq("bart", seed=13)
+    ids, mask = _batch(13)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, repetition_penalty=1.5,
+              forced_eos_token_id=2)
+    ref = model.generate(ids, **kw)
+    ours, theirs = Record(), Record()
+    assert torch.equal(generate(model, ids, streamer=ours, **kw),
+                       model.generate(ids, streamer=theirs, **kw))
+    assert len(ours.calls) == len(theirs.calls)
+    assert all(x == y if isinstance(x, str) else torch.equal(x, y)
+               for x, y in zip(ours.calls, theirs.calls))
+    embeds = model.get_input_embeddings()(ids)
+    assert torch.equal(generate(model, inputs_embeds=embeds, **kw), ref)
+    enc = model.get_encoder()(input_ids=ids, attention_mask=mask)
+    assert torch.equal(generate(model, encoder_outputs=enc, **kw), ref)
+
+
+def test_missing_attention_mask_is_not_inferred_like_transformers():
+    model = tiny_seq2seq("bart", seed=4)
+    ids, _ = _batch(4)
+    kw = dict(max_new_tokens=6, do_sample=False, repetition_penalty=1.5)
+    assert torch.equal(generate(model, ids, **kw), model.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_eos_mid_way_pads_finished_rows(arch):
+    model = tiny_seq2seq(arch, seed=5)
+    ids, mask = _batch(5)
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, repetition_penalty=2.0)
+    free = model.generate(ids, eos_token_id=None, **kw)
+    eos = int(free[0, 4])  # a token row 0 emits mid-way
+    ref = model.generate(ids, eos_token_id=eos, pad_token_id=0, **kw)
+    out = generate(model, ids, eos_token_id=eos, pad_token_id=0, **kw)
+    assert torch.equal(out, ref)
+    assert (ref == eos).any() and ref.shape[1] <= free.shape[1]
+
+
+def test_user_stopping_criteria_and_processors_match_transformers():
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 50
+
+    class Ban(torch.nn.Module):
+        def forward(self, input_ids, scores):
+            return scores.index_fill(1, torch.tensor([109, 47]), float("-inf"))
+
+    model = tiny_seq2seq("t5", seed=6)
+    ids, mask = _batch(6)
+    kw = dict(attention_mask=mask, max_new_tokens=9, do_sample=False, repetition_penalty=1.5,
+              logits_processor=LogitsProcessorList([Ban()]),
+              stopping_criteria=StoppingCriteriaList([StopAt()]))
+    assert torch.equal(generate(model, ids, **kw), model.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+@pytest.mark.parametrize("attn", (False, True))
+def test_return_dict_outputs_field_by_field(arch, attn):
+    model = tiny_seq2seq(arch, seed=7, attn="eager" if attn else "sdpa")
+    ids, mask = _batch(7)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, repetition_penalty=1.7,
+              return_dict_in_generate=True, output_scores=True, output_logits=True,
+              output_attentions=attn, output_hidden_states=True, eos_token_id=None)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, **kw)
+    assert type(out) is type(ref)
+    for field in ("sequences", "scores", "logits", "encoder_attentions",
+                  "encoder_hidden_states", "decoder_attentions", "cross_attentions",
+                  "decoder_hidden_states"):
+        a, b = getattr(out, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if b is not None:
+            _same(a, b, field)
+    if attn:
+        assert len(ref.decoder_attentions) == 6 and ref.cross_attentions[0][0].shape[-1] == 6
+    _same_cache(out.cache, ref.cache)
+
+
+def test_return_dict_with_eos_trims_like_transformers():
+    model = tiny_seq2seq("bart", seed=8)
+    ids, mask = _batch(8)
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, repetition_penalty=2.0)
+    eos = int(model.generate(ids, eos_token_id=None, **kw)[1, 3])
+    kw.update(eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True,
+              output_scores=True)
+    ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
+    _same(out.sequences, ref.sequences)
+    _same(out.scores, ref.scores)
+    _same_cache(out.cache, ref.cache)
+
+
+def test_num_return_sequences_and_seed():
+    model = tiny_seq2seq("t5", seed=9)
+    ids, mask = _batch(9, (5, 3))
+    kw = dict(max_new_tokens=8, do_sample=True, temperature=1.3, top_k=40, top_p=0.95,
+              num_return_sequences=3)
+    a = generate(model, ids, attention_mask=mask, seed=11, **kw)
+    b = generate(model, ids, attention_mask=mask, seed=11, **kw)
+    ref = model.generate(ids, attention_mask=mask, **kw)
+    assert a.shape == ref.shape == (6, 9)
+    assert torch.equal(a, b)
+    assert len({tuple(r) for r in a[:3, 1:].tolist()}) > 1
+    # Batch independence: the second prompt alone, seeded as its rows were, draws the same.
+    alone = generate(model, ids[1:], attention_mask=mask[1:], seed=torch.arange(14, 17), **kw)
+    assert torch.equal(alone, a[3:])
+
+
+def test_first_token_distribution_matches_transformers():
+    model = tiny_seq2seq("bart", seed=10)
+    ids, mask = _batch(10, (5, 3))
+    kw = dict(do_sample=True, repetition_penalty=1.2, temperature=1.5, top_k=50, top_p=0.95)
+    hf = model.generate(ids, attention_mask=mask, max_new_tokens=1,
+                        return_dict_in_generate=True, output_scores=True, **kw)
+    probs = torch.softmax(hf.scores[0], dim=-1)
+    n = 3000
+    torch.manual_seed(1234)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=1, num_return_sequences=n,
+                   **kw)
+    first = out[:, -1].view(2, n)
+    for b in range(2):
+        counts = torch.bincount(first[b], minlength=V).double()
+        assert bool((counts[probs[b] == 0] == 0).all()), "drew a filtered token"
+        support = probs[b] > 0
+        assert int(support.sum()) > 5
+        expected = probs[b][support].double() * n
+        order = torch.argsort(expected, descending=True)
+        e, c = expected[order], counts[support][order]
+        big = e >= 5
+        e = torch.cat([e[big], e[~big].sum(0, keepdim=True)])
+        c = torch.cat([c[big], c[~big].sum(0, keepdim=True)])
+        if float(e[-1]) == 0:
+            e, c = e[:-1], c[:-1]
+        _, pval = stats.chisquare(c.numpy(), e.numpy() * (c.sum() / e.sum()).item())
+        assert pval > 1e-4, (b, pval)
+
+
+def test_patched_generate_runs_without_fallback_and_refusals_fall_back():
+    model = tiny_seq2seq("t5", seed=11)
+    ids, mask = _batch(11)
+    greedy = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+    beams = dict(greedy, num_beams=2)
+    refused = dict(beams, use_cache=False)
+    refs = [model.generate(ids, **kw) for kw in (greedy, beams, refused)]
+    gpu_sampler.patch(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert torch.equal(model.generate(ids, **greedy), refs[0])
+        assert torch.equal(model.generate(ids, **beams), refs[1])
+    assert not [w for w in record if "gpu_sampler" in str(w.message)]
+    with pytest.warns(UserWarning, match="beam search on encoder-decoder"):
+        assert torch.equal(model.generate(ids, **refused), refs[2])
+    with pytest.raises(Unsupported):
+        generate(model, ids, **refused)
+
+
+def test_refusals_come_before_the_encoder_runs():
+    model = tiny_seq2seq("bart", seed=12)
+    ids, mask = _batch(12)
+    calls = []
+    model.get_encoder().register_forward_hook(lambda *a: calls.append(1))
+    for kw in (dict(num_beams=2, use_cache=False), dict(encoder_repetition_penalty=1.5),
+               dict(compile=True), dict(penalty_alpha=0.5, top_k=4)):
+        with pytest.raises(Unsupported):
+            generate(model, ids, attention_mask=mask, max_new_tokens=3, **kw)
+    assert not calls
+    assert seq2seq.supports(model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kw", [
+    dict(num_beams=2),
+    dict(num_beams=3, num_return_sequences=2, repetition_penalty=1.5, length_penalty=0.7),
+    dict(num_beams=2, early_stopping=True, no_repeat_ngram_size=2, min_new_tokens=3),
+], ids=["beams2", "beams3-nrs2-penalty", "early-ngram"])
+def test_beam_search_matches_transformers(arch, kw):
+    model = tiny_seq2seq(arch, seed=14)
+    ids, mask = _batch(14)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, **kw)
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=False, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_beam_search_decoder_prompt_and_eos_match_transformers():
+    model = tiny_seq2seq("bart", seed=15)
+    ids, mask = _batch(15)
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=2,
+              repetition_penalty=1.4, decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+    eos = int(model.generate(ids, eos_token_id=None, **kw)[0, 6])
+    for e in (None, eos):
+        ref = model.generate(ids, eos_token_id=e, pad_token_id=0, **kw)
+        assert torch.equal(generate(model, ids, eos_token_id=e, pad_token_id=0, **kw), ref)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_beam_search_return_dict_field_by_field(arch):
+    model = tiny_seq2seq(arch, seed=16, attn="eager")
+    ids, mask = _batch(16)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=2,
+              repetition_penalty=1.3, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, output_attentions=True, output_hidden_states=True)
+    ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
+    assert type(out) is type(ref)
+    for field in ("sequences", "sequences_scores", "scores", "logits", "beam_indices",
+                  "encoder_attentions", "encoder_hidden_states", "decoder_attentions",
+                  "cross_attentions", "decoder_hidden_states"):
+        a, b = getattr(out, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if b is not None:
+            _same(a, b, field)
+
+
+def test_beam_sampling_is_reproducible_with_a_seed():
+    model = tiny_seq2seq("t5", seed=17)
+    ids, mask = _batch(17)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=True, num_beams=2,
+              temperature=3.0, num_return_sequences=2)
+    a, b = generate(model, ids, seed=5, **kw), generate(model, ids, seed=5, **kw)
+    assert torch.equal(a, b) and a.shape == model.generate(ids, **kw).shape
