@@ -20,9 +20,9 @@ import triton.language as tl
 
 from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _row_key, _tempered)
-from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, LOG2E, NF, NI,
-                    _block_stats)
+                     _pure_row, _row_key, _tempered)
+from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
+                    I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
 S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
@@ -255,9 +255,10 @@ def _merge_kernel(
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me, TILE, E_BLOCK, KT,
-                         NWIN, D0_EXP,
-                         HAS_REP, HAS_PF, True, False, R)
+                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32),
+                         tl.zeros([], tl.int1), TILE, E_BLOCK, KT, NWIN, D0_EXP,
+                         HAS_REP, HAS_PF, True, False, R, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
@@ -302,8 +303,44 @@ def _merge_kernel(
     if not HAS_MINP:
         minp = minp * 0.0
 
-    # ---- thresholds on the candidates ---------------------------------------------------------
+    # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
+    # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
+    # approximate score s = fl(x + G), that token's x and id, and s2 = the block's next best s.
+    # The exact score fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M)
+    # + 2^-20 (A_t + |M| + 64), A_t = max(|m_t|, |lo_t|) (three roundings of at most 2^-24 of
+    # A_t + |M| + 17.4 each, |G| <= 17.4 or G = +inf, which makes s2 = +inf and U_t = +inf).
+    # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
+    # lowest id, the same token the row pass draws; else the row takes the fallback.
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     exact = sampling & (~ovf)
+    pure = exact & _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+    if CD:
+        if not WRITE_PROBS:
+            pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
+    exact = exact & (~pure)
+    proven = tl.zeros([], dtype=tl.int1)
+    pbidx = row * 0 - 1
+    pbx = tl.zeros([], tl.float32)
+    if pure:
+        if WRITE_PROBS:
+            proven = pure
+        else:
+            bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf"))
+            s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
+            bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
+            lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
+            has = tin & (m_t > float("-inf")) & (bx_t > float("-inf"))
+            e_t = tl.where(has, (bx_t - M) + _gumbel(k0, k1, bid_t), float("-inf"))
+            pbest = tl.max(e_t, axis=0)
+            pid = tl.min(tl.where(has & (e_t == pbest), bid_t, 2147483647), axis=0)
+            a_t = tl.maximum(tl.abs(m_t), tl.abs(lo_t))
+            u_t = tl.where(has & (s2_t > float("-inf")),
+                           (s2_t - M) + DRAW_SLACK * (a_t + tl.abs(M) + 64.0), float("-inf"))
+            proven = pbest > tl.max(u_t, axis=0)
+            pbidx = pid.to(tl.int64)
+            pbx = tl.max(tl.where(has & (bid_t == pid), bx_t, float("-inf")), axis=0)
+
+    # ---- thresholds on the candidates ---------------------------------------------------------
     tau = tl.full([], float("-inf"), tl.float32)
     zk = Z
     base = row * NT * KT
@@ -359,7 +396,6 @@ def _merge_kernel(
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
 
-    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     z_f = tl.zeros([], tl.float32)
     best = tl.full([], float("-inf"), tl.float32)
     bidx = row * 0 - 1
@@ -381,8 +417,13 @@ def _merge_kernel(
                 bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
                 best = tl.maximum(best, tb)
 
+    if pure & proven:
+        z_f = Z
+        bidx = pbidx
+        bx = pbx
+
     # ---- exact fallback over the row ----------------------------------------------------------
-    fallback = sampling & (~exact)
+    fallback = sampling & (~exact) & (~(pure & proven))
     if fallback:
         M = tl.where(ovf, 0.0, M)
         tau = tl.where(ovf, 0.0, lmin)

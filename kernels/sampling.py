@@ -192,9 +192,12 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2, num_warps=num_warps,
-        R=min(TILE, 32 * num_warps), **_regs(STATS_REGS),
-        **cdflags, **common, **extra)
+        topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s, seed_p, int(seed_s), off_p,
+        int(off_s), wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
+        num_warps=num_warps, R=min(TILE, 32 * num_warps), **_regs(STATS_REGS),
+        TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
+        HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp,
+        PURE_OK=(not write_probs) and not cd, **cdflags, **common, **extra)
 
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)

@@ -40,13 +40,17 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import _bad_row, _pack_cand, _param, _penalised_tile
+from .common import _bad_row, _gumbel, _pack_cand, _param, _penalised_tile, _pure_row, _row_key
 
-# workspace field order (float32 [B, 4, NT] and int32 [B, 4, NT])
-F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
-I_NFIN, I_NPOS, I_NNAN, I_NCAND = (tl.constexpr(i) for i in range(4))
-NF = tl.constexpr(4)
-NI = tl.constexpr(4)
+# workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX / F_S2 / I_BID are
+# written for pure-temperature rows only (their block's draw partial), the rest for every row
+F_M, F_Z, F_LO, F_G, F_BX, F_S2 = (tl.constexpr(i) for i in range(6))
+I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_BID = (tl.constexpr(i) for i in range(5))
+NF = tl.constexpr(6)
+NI = tl.constexpr(5)
+# the merge's bound on a pure row's unstored scores: 2^-20 (A + |M| + 64) covers the three
+# roundings between s = fl(x + G) and fl(fl(x - M) + G) (kernels/README.md, "pure temperature")
+DRAW_SLACK = tl.constexpr(2.0 ** -20)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -80,12 +84,13 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, c2, la, beta, me,
+                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1, pure,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
-                 R: tl.constexpr):
-    """Block t's partials and candidates (module docstring), written to the workspace.
+                 R: tl.constexpr, PURE_OK: tl.constexpr):
+    """Block t's partials and candidates (module docstring), written to the workspace; for a
+    pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
     offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
                                                TILE, E_BLOCK, HAS_REP, HAS_PF,
@@ -115,7 +120,53 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
         v = tl.where(fin, xp, float("-inf"))
         vm = tl.max(v, axis=0)
     hmask = v > float("-inf")
+    if PURE_OK:
+        # a row-uniform branch: a pure row's blocks store their draw partial, no candidates
+        if pure:
+            _block_draw(v, xp, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
+            nfin = tl.sum(hmask.to(tl.int32), axis=0)
+            nkeep = nfin * 0
+            g = m
+        else:
+            nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE,
+                                          KT, NWIN, D0_EXP, R)
+    else:
+        nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
+                                      NWIN, D0_EXP, R)
 
+    tl.store(wfrow + F_M * NT + t, m)
+    tl.store(wfrow + F_Z * NT + t, z)
+    tl.store(wfrow + F_LO * NT + t, lo)
+    tl.store(wfrow + F_G * NT + t, g)
+    tl.store(wirow + I_NFIN * NT + t, nfin)
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
+    tl.store(wirow + I_NCAND * NT + t, nkeep)
+    return emax, elo
+
+
+@triton.jit
+def _block_draw(v, xp, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
+    """A pure-temperature block's draw partial: its best approximate score s = fl(x + G) (x =
+    xp / T, G the token's Gumbel noise, lowest id on ties), that token's x and id, and s2, the
+    largest s of every other token of the block. The merge recomputes the exact score
+    fl(fl(x - M) + G) of each block's best and proves the row's winner against the bounds s2
+    (kernels/README.md); x = -inf tokens (and padding lanes) never score."""
+    x = tl.where(v > float("-inf"), xp / tdiv, float("-inf"))
+    s = tl.where(x > float("-inf"), x + _gumbel(k0, k1, offs), float("-inf"))
+    ib = tl.argmax(s, 0, tie_break_left=True)
+    hit = tl.arange(0, TILE) == ib
+    s2 = tl.max(tl.where(hit, float("-inf"), s), axis=0)
+    bx = tl.max(tl.where(hit, x, float("-inf")), axis=0)
+    tl.store(wfrow + F_BX * NT + t, bx)
+    tl.store(wfrow + F_S2 * NT + t, s2)
+    tl.store(wirow + I_BID * NT + t, tl.max(tl.where(hit, offs, 0), axis=0))
+
+
+@triton.jit
+def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.constexpr,
+                 KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, R: tl.constexpr):
+    """The block's candidates (module docstring): (nfin, ncand, g_t)."""
     # windows W_j = {v : fl(vm - v) <= D0 * 2^j} (j < 7, D0 = 2^D0_EXP), the last one every
     # counted lane: keep the widest window holding <= KT values (none if more than KT lie
     # within D0 of the max). k = the first window holding v, read off the exponent of
@@ -140,31 +191,31 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
     g = tl.max(tl.where(keep, float("-inf"), v), axis=0) / tdiv
-
-    tl.store(wfrow + F_M * NT + t, m)
-    tl.store(wfrow + F_Z * NT + t, z)
-    tl.store(wfrow + F_LO * NT + t, lo)
-    tl.store(wfrow + F_G * NT + t, g)
-    tl.store(wirow + I_NFIN * NT + t, nfin)
-    tl.store(wirow + I_NPOS * NT + t, npos)
-    tl.store(wirow + I_NNAN * NT + t, nnan)
-    tl.store(wirow + I_NCAND * NT + t, nkeep)
-    return emax, elo
+    return nfin, nkeep, g
 
 
-@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab"])
+@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "topk_s", "seed_s", "off_s"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
     edits_ptr, stride_eb, bnd_ptr,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+    topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cand_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
+    OFF_T: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+    HAS_MINP: tl.constexpr, PURE_OK: tl.constexpr,
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr,
 ):
+    """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
+    8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
+    a sampling launch without CD), 3 words of draw partial instead of candidates. Pure rows pay
+    the Gumbel noise (hash + 2 logs) and x = xp / T on every lane here, which is what lets the
+    merge skip the second pass over the row that v2 needed for them."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lrow = logits_ptr + row * stride_lb
@@ -182,12 +233,23 @@ def _stats_kernel(
     beta = _param(beta_ptr, beta_s, row, BETA_T)
     tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
     c2 = LOG2E / tdiv
+    pure = tl.zeros([], tl.int1)
+    k0 = tl.zeros([], tl.uint32)
+    k1 = tl.zeros([], tl.uint32)
+    if PURE_OK:
+        k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
+        p = _param(topp_ptr, topp_s, row, TOPP_T)
+        minp = _param(minp_ptr, minp_s, row, MINP_T)
+        pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
     for t in range(c * TPC, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R)
+                                 k0, k1, pure,
+                                 TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R,
+                                 PURE_OK)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's
