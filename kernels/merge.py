@@ -345,6 +345,21 @@ def _merge_kernel(
     zk = Z
     base = row * NT * KT
     n_c = tl.zeros([], tl.int32)
+    if HAS_MINP:
+        if HAS_TOPP:
+            # Top-p is irrelevant when min-p's cut lies above every value it could pick. With
+            # every min-p-kept token a candidate (e^(G - M) < min_p), c = the smallest kept x
+            # and W(c) = their mass: W(c) < p Z gives tau_p < c, so the kept set is min-p's
+            # alone and the row needs no top-p search (v2 searched and, when the nucleus
+            # outgrew the candidates, fell back to the row). Top-k rows keep the search.
+            if exact & p_act & (~k_act) & (minp > 0.0) & (tl.exp(G - M) < minp):
+                wm = tl.zeros([CB], tl.float32)
+                for b0 in range(0, NT * KT, CB):
+                    ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
+                    e = tl.exp(x - M)
+                    wm += tl.where(ok & (e >= minp), e, 0.0)
+                p_act = p_act & (tl.sum(wm, axis=0) >= p * Z)
+
     if exact:
         # a bound LB <= tau from a histogram of the candidates, then the candidates >= LB
         # compacted (slot order) into the row's list: the searches and the draw scan only it

@@ -118,3 +118,29 @@ def test_per_row_mix_of_settings():
     tok1, lp1 = _run(x, tile=64, chunks=1, seed=torch.arange(6), offset=9, **kw)
     assert torch.equal(tok1, tok) and torch.equal(lp1, lp)
     assert_matches_hf(_run(x, tile=64, write_probs=True, **kw), x, "per-row mix", **kw)
+
+
+def test_min_p_makes_top_p_irrelevant(monkeypatch):
+    """top-p 0.95 with min-p 0.05 on N(0, 3^2) rows: the nucleus outgrows the candidates (v2
+    fell back to the row), but min-p's set, all candidates, holds less than p of the mass, so
+    the kept set is min-p's alone: one read (16 slots per 256-token block), the twin's tokens,
+    HF's distribution. A row where min-p's set holds more than p of the mass (a confident row)
+    still searches top-p."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(31)
+    V = 2048
+    x = torch.randn(3, V, generator=g) * 3
+    x[2, 5] = 30.0  # ~all the mass on one token: min-p's set is tiny, top-p decides
+    kw = dict(temperature=1.0, top_p=0.95, min_p=torch.tensor([0.05, 0.2, 0.05]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=256, cand=16, seed=torch.arange(3), offset=4, **kw)
+    assert reads.bytes == x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(3), offset=4, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert_matches_hf(_run(x, tile=256, cand=16, write_probs=True, **kw), x, "min-p over top-p",
+                      **kw)
+    # without min-p the same rows' nuclei outgrow the candidates: v2's fallback, counted
+    reads.bytes = 0
+    _run(x[:1], tile=256, cand=16, seed=0, offset=4, temperature=1.0, top_p=0.95)
+    assert reads.bytes > 1.5 * V * 4
