@@ -52,6 +52,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   WRITE_PROBS=False, CD=False, **GEOM)
     consts.update(flags)
+    # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
+    consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
@@ -103,7 +105,7 @@ VARIANTS = {
     "history": ("history", dict(num_warps=8)),
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
-    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=64)),
+    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=72)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4,
                                        maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),

@@ -256,9 +256,7 @@ def _merge_kernel(
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
-                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32),
-                         tl.zeros([], tl.int1), TILE, E_BLOCK, KT, NWIN, D0_EXP,
-                         HAS_REP, HAS_PF, True, False, R, False)
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, True, False, R, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
@@ -305,27 +303,27 @@ def _merge_kernel(
 
     # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
     # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
-    # approximate score s = fl(x + G), that token's x and id, and s2 = the block's next best s.
+    # approximate score s = fl(x + G), that token's xp and id, and s2 = the block's next best s.
     # The exact score fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M)
     # + 2^-20 (A_t + |M| + 64), A_t = max(|m_t|, |lo_t|) (three roundings of at most 2^-24 of
     # A_t + |M| + 17.4 each, |G| <= 17.4 or G = +inf, which makes s2 = +inf and U_t = +inf).
     # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
     # lowest id, the same token the row pass draws; else the row takes the fallback.
-    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     exact = sampling & (~ovf)
     pure = exact & _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
     if CD:
         if not WRITE_PROBS:
             pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
     exact = exact & (~pure)
-    proven = tl.zeros([], dtype=tl.int1)
+    proven = pure  # the distribution needs only Z_f = Z
     pbidx = row * 0 - 1
     pbx = tl.zeros([], tl.float32)
-    if pure:
-        if WRITE_PROBS:
-            proven = pure
-        else:
-            bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf"))
+    if not WRITE_PROBS:
+        proven = pure & (~pure)
+    if (not WRITE_PROBS) and (not CD):  # constexpr: CD launches write no draw partials
+        if pure:
+            k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+            bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv
             s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
             bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
             lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
@@ -411,6 +409,8 @@ def _merge_kernel(
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
 
+    # the row key here, not earlier: two fewer registers live through the searches
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     z_f = tl.zeros([], tl.float32)
     best = tl.full([], float("-inf"), tl.float32)
     bidx = row * 0 - 1

@@ -28,6 +28,10 @@ INVALID_TOKEN = -1
 SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
 STATS_REGS = 64            # stage 1 is compiled to <= 64 registers (no spills): 8 programs per SM
 STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 regs)
+# With repetition *and* presence/frequency penalties, the pure-temperature draw loop of stage 1
+# needs 72 registers (64 spilled 40 bytes, kernels/README.md): 7 programs per SM there.
+STATS_REGS_PF = 72
+STATS_SLOTS_PF = 7 * SMS
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
@@ -75,26 +79,26 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def _chunks(B, nt):
+def _chunks(B, nt, slots=STATS_SLOTS):
     """Stage-1 programs per row: the least work on the busiest slot, ceil(B C / S) waves of
     ceil(NT / C) blocks plus a program's fixed cost (~1/8 block), then the fewest programs."""
     return min(range(1, nt + 1),
-               key=lambda c: (_cdiv(B * c, STATS_SLOTS) * (8 * _cdiv(nt, c) + 1), c))
+               key=lambda c: (_cdiv(B * c, slots) * (8 * _cdiv(nt, c) + 1), c))
 
 
-def plan(B, V, *, tile=None, chunks=None, cand=None):
+def plan(B, V, *, tile=None, chunks=None, cand=None, slots=STATS_SLOTS):
     """Static launch geometry for a (B, V) call: dict(TILE, NT, NT_P2, KT, CB, C, TPC)."""
-    return dict(_plan(B, V, tile, chunks, cand))
+    return dict(_plan(B, V, tile, chunks, cand, slots))
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(B, V, tile, chunks, cand):
+def _plan(B, V, tile, chunks, cand, slots):
     # Cached: a decode loop asks for the same (B, V) every step, and the host time of a call
     # is what a small batch pays (the kernels at B = 1 are tens of microseconds).
     tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
     nt = _cdiv(V, tile)
     kt = cand if cand is not None else min(tile, max(64, _next_pow2(_cdiv(MIN_CAPACITY, nt))))
-    c = chunks if chunks is not None else _chunks(max(B, 1), nt)
+    c = chunks if chunks is not None else _chunks(max(B, 1), nt, slots)
     c = max(1, min(int(c), nt))
     tpc = _cdiv(nt, c)
     c = _cdiv(nt, tpc)
@@ -124,8 +128,6 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
-    g = plan(B, V, tile=tile, chunks=chunks, cand=cand)
-    TILE, NT = g["TILE"], g["NT"]
 
     def on(v):
         return isinstance(v, torch.Tensor)
@@ -134,12 +136,17 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     has_rep = has_hist and (on(repetition_penalty) or repetition_penalty != 1.0)
     has_pf = has_hist and (on(presence_penalty) or on(frequency_penalty)
                            or presence_penalty != 0.0 or frequency_penalty != 0.0)
+    cd = amateur_logits is not None
+    pure_ok = not write_probs and not cd  # stage 1 writes pure rows' draw partials
+    wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
+    g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
+             slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
+    TILE, NT = g["TILE"], g["NT"]
     has_topk = on(top_k) or 0 < top_k < V
     has_topp = on(top_p) or top_p < 1.0
     has_minp = on(min_p) or min_p > 0.0
 
     dummy = logits
-    cd = amateur_logits is not None
     if cd:
         am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
         la_p, la_s, la_t = _split(_log_alpha(cd_alpha), dummy)
@@ -194,10 +201,11 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s, seed_p, int(seed_s), off_p,
         int(off_s), wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
-        num_warps=num_warps, R=min(TILE, 32 * num_warps), **_regs(STATS_REGS),
+        num_warps=num_warps, R=min(TILE, 32 * num_warps),
+        **_regs(STATS_REGS_PF if wide else STATS_REGS),
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp,
-        PURE_OK=(not write_probs) and not cd, **cdflags, **common, **extra)
+        PURE_OK=pure_ok, **cdflags, **common, **extra)
 
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)

@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .common import _bad_row, _gumbel, _pack_cand, _param, _penalised_tile, _pure_row, _row_key
 
-# workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX / F_S2 / I_BID are
-# written for pure-temperature rows only (their block's draw partial), the rest for every row
+# workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
+# F_S2 and I_BID are written for pure-temperature rows only (their block's draw partial)
 F_M, F_Z, F_LO, F_G, F_BX, F_S2 = (tl.constexpr(i) for i in range(6))
 I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_BID = (tl.constexpr(i) for i in range(5))
 NF = tl.constexpr(6)
@@ -84,11 +84,11 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1, pure,
+                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
-                 R: tl.constexpr, PURE_OK: tl.constexpr):
+                 R: tl.constexpr, DRAW: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace; for a
     pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
@@ -120,47 +120,56 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
         v = tl.where(fin, xp, float("-inf"))
         vm = tl.max(v, axis=0)
     hmask = v > float("-inf")
-    if PURE_OK:
-        # a row-uniform branch: a pure row's blocks store their draw partial, no candidates
-        if pure:
-            _block_draw(v, xp, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
-            nfin = tl.sum(hmask.to(tl.int32), axis=0)
-            nkeep = nfin * 0
-            g = m
-        else:
-            nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE,
-                                          KT, NWIN, D0_EXP, R)
+    # stored before the candidates / draw partial: fewer values live across them (registers)
+    tl.store(wfrow + F_M * NT + t, m)
+    tl.store(wfrow + F_Z * NT + t, z)
+    tl.store(wfrow + F_LO * NT + t, lo)
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
+    if DRAW:
+        # a pure row's blocks store their draw partial, no candidates
+        _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
+        nfin = tl.sum(hmask.to(tl.int32), axis=0)
+        nkeep = nfin * 0
+        g = m
     else:
         nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
                                       NWIN, D0_EXP, R)
 
-    tl.store(wfrow + F_M * NT + t, m)
-    tl.store(wfrow + F_Z * NT + t, z)
-    tl.store(wfrow + F_LO * NT + t, lo)
     tl.store(wfrow + F_G * NT + t, g)
     tl.store(wirow + I_NFIN * NT + t, nfin)
-    tl.store(wirow + I_NPOS * NT + t, npos)
-    tl.store(wirow + I_NNAN * NT + t, nnan)
     tl.store(wirow + I_NCAND * NT + t, nkeep)
     return emax, elo
 
 
 @triton.jit
-def _block_draw(v, xp, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
+def _top2_combine(a1, ai, av, a2, b1, bi, bv, b2):
+    """(best s, its lane, its xp, best s of the other lanes); ties to the lower lane."""
+    first = (a1 > b1) | ((a1 == b1) & (ai < bi))
+    return (tl.where(first, a1, b1), tl.where(first, ai, bi), tl.where(first, av, bv),
+            tl.where(first, tl.maximum(a2, b1), tl.maximum(b2, a1)))
+
+
+@triton.jit
+def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
     """A pure-temperature block's draw partial: its best approximate score s = fl(x + G) (x =
-    xp / T, G the token's Gumbel noise, lowest id on ties), that token's x and id, and s2, the
-    largest s of every other token of the block. The merge recomputes the exact score
-    fl(fl(x - M) + G) of each block's best and proves the row's winner against the bounds s2
-    (kernels/README.md); x = -inf tokens (and padding lanes) never score."""
-    x = tl.where(v > float("-inf"), xp / tdiv, float("-inf"))
-    s = tl.where(x > float("-inf"), x + _gumbel(k0, k1, offs), float("-inf"))
+    xp / T, G the token's Gumbel noise, lowest id on ties), that token's xp and id, and s2, the
+    largest s of every other token of the block (one 4-way reduction). The merge recomputes
+    the exact score fl(fl(xp / T - M) + G) of each block's best and proves the row's winner
+    against the bounds s2 (kernels/README.md); x = -inf tokens (and padding lanes) never
+    score."""
+    # the hash takes its ids through a select on the loaded values, so the compiler cannot
+    # hoist it above the load and the penalties (it did, and spilled under the 64 cap)
+    live = v > float("-inf")
+    s = tl.where(live, v / tdiv + _gumbel(k0, k1, tl.where(live, offs, 0)), float("-inf"))
+    lane = tl.arange(0, TILE)
     ib = tl.argmax(s, 0, tie_break_left=True)
-    hit = tl.arange(0, TILE) == ib
+    hit = lane == ib
     s2 = tl.max(tl.where(hit, float("-inf"), s), axis=0)
-    bx = tl.max(tl.where(hit, x, float("-inf")), axis=0)
-    tl.store(wfrow + F_BX * NT + t, bx)
+    bxp = tl.max(tl.where(hit, v, float("-inf")), axis=0)
+    tl.store(wfrow + F_BX * NT + t, bxp)
     tl.store(wfrow + F_S2 * NT + t, s2)
-    tl.store(wirow + I_BID * NT + t, tl.max(tl.where(hit, offs, 0), axis=0))
+    tl.store(wirow + I_BID * NT + t, (t * TILE + ib).to(tl.int32))
 
 
 @triton.jit
@@ -234,22 +243,29 @@ def _stats_kernel(
     tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
     c2 = LOG2E / tdiv
     pure = tl.zeros([], tl.int1)
-    k0 = tl.zeros([], tl.uint32)
-    k1 = tl.zeros([], tl.uint32)
     if PURE_OK:
         k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
         p = _param(topp_ptr, topp_s, row, TOPP_T)
         minp = _param(minp_ptr, minp_s, row, MINP_T)
         pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
-        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
+    if PURE_OK:
+        if pure:
+            # a row-uniform branch around its own loop, so the draw's registers and the
+            # candidates' are allocated apart (one loop holding both spilled under the 64 cap)
+            k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+            for t in range(c * TPC, t_end):
+                _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
+                             t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
+                             TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, False, True, R,
+                             True)
+            t_end = t_end * 0  # the loop below runs no block
     for t in range(c * TPC, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 k0, k1, pure,
-                                 TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R,
-                                 PURE_OK)
+                                 tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R,
+                                 False)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's
