@@ -28,7 +28,7 @@ PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, P
                FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True, LA_T=True, BETA_T=True)
 # the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
 GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS=64,
-            NWIN=8, D0_EXP=-2, L_BLOCK=256, NB=256, INV_W=16.0, LB_BLOCK=256)
+            NWIN=8, D0_EXP=-2, L_BLOCK=256, NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8)
 
 
 def _kernel(name):

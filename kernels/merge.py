@@ -193,7 +193,7 @@ def _merge_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, WRITE_PROBS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
-    NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
+    NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
@@ -373,6 +373,20 @@ def _merge_kernel(
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
+        # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
+        # candidates (a block whose window overflowed, e.g. one dominant token and a long
+        # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
+        # the merge re-reads those blocks instead, appending every token >= LB: the list then
+        # holds *every* token >= LB of the row, so a threshold >= LB found on it is exact with
+        # G replaced by the largest g of the clean blocks (< LB). Costs ndirty / NT of a pass;
+        # v2 re-read the whole row, once per search round.
+        g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
+        lbv = tl.zeros([NT_P2], tl.float32) + LB
+        dirty = tin & (g_t >= lbv) & (lbv > float("-inf"))
+        ndirty = tl.sum(dirty.to(tl.int32), axis=0)
+        redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
+        ncand_t = tl.where(redo & dirty, 0, ncand_t)
+        G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
         vmin = tl.full([CB], float("inf"), tl.float32)
         vmass = tl.zeros([CB], tl.float32)
         if use_lbk:
@@ -394,6 +408,26 @@ def _merge_kernel(
                                             n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
+        full = tl.zeros([], dtype=tl.int1)
+        if redo:
+            t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
+            while t < NT:
+                offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres,
+                                                      freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                      arow, la, beta, Me, CD, False)
+                x = xp / tdiv
+                sel = inb & (x >= LB)
+                nsel = tl.sum(sel.to(tl.int32), axis=0)
+                full = full | (n_c + nsel > NT * KT)  # the list's capacity: then fall back
+                if ~full:
+                    pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
+                    tl.store(xs_ptr + base + pos, x, mask=sel)
+                    tl.store(is_ptr + base + pos, offs, mask=sel)
+                    n_c += nsel
+                    cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
+                    cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
+                t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
+            exact = exact & (~full)
         complete = G == float("-inf")
         if k_act:
             tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
@@ -425,10 +459,12 @@ def _merge_kernel(
                 ids = tl.load(is_ptr + slot, mask=ok, other=0)
                 score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
                 tb = tl.max(score, axis=0)
-                ti = tl.argmax(score, 0, tie_break_left=True)
-                hit = tl.arange(0, LB_BLOCK) == ti
-                upd = tb > best
-                bidx = tl.where(upd, tl.sum(tl.where(hit, ids, 0), axis=0).to(tl.int64), bidx)
+                # lowest id on an exact score tie: the list is in id order except for the
+                # tokens of re-read (dirty) blocks, appended at its end
+                tid = tl.min(tl.where(keep & (score == tb), ids, 2147483647), axis=0)
+                hit = keep & (ids == tid)
+                upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
+                bidx = tl.where(upd, tid.to(tl.int64), bidx)
                 bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
                 best = tl.maximum(best, tb)
 

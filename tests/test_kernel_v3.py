@@ -144,3 +144,38 @@ def test_min_p_makes_top_p_irrelevant(monkeypatch):
     reads.bytes = 0
     _run(x[:1], tile=256, cand=16, seed=0, offset=4, temperature=1.0, top_p=0.95)
     assert reads.bytes > 1.5 * V * 4
+
+
+def test_dirty_blocks_are_reread_not_the_row(monkeypatch):
+    """Confident rows: a block holding a dominant token keeps only it as a candidate (its next
+    window holds the whole bulk), so its g_t lies above the top-k / top-p threshold. The merge
+    re-reads those few blocks (every token >= the bound) instead of the whole row: the twin's
+    tokens, HF's distribution, reads of 1 + (dirty blocks) / (blocks) passes. Includes a tie
+    group straddling the threshold inside a dirty block and a per-row k of 1 and 3."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(41)
+    V = 64 * 12
+    x = torch.randn(5, V, generator=g) * 1.5
+    x[:, 70] = 14.0   # block 1: one dominant token
+    x[:, 300] = 12.5  # block 4
+    x[3, 64:128] = torch.round(x[3, 64:128])  # ties in the dirty block at the cut-off
+    x[3, 70] = 14.0
+    # row 4: top-p alone at T 3, its nucleus reaching into the bulk behind the dominant token
+    kw = dict(temperature=torch.tensor([0.7, 1.0, 1.0, 0.7, 3.0]),
+              top_k=torch.tensor([20, 1, 3, 30, 0]),
+              top_p=torch.tensor([0.8, 1.0, 1.0, 0.99, 0.2]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=8, seed=torch.arange(5), offset=1, **kw)
+    assert x.numel() * 4 < reads.bytes < 1.3 * x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(5), offset=1, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    tok1, lp1 = _run(x, tile=64, cand=8, chunks=1, seed=torch.arange(5), offset=1, **kw)
+    assert torch.equal(tok1, tok) and torch.equal(lp1, lp)
+    assert_matches_hf(_run(x, tile=64, cand=8, write_probs=True, **kw), x, "dirty blocks", **kw)
+    # many offsets on one row: every draw the twin's (ties between re-read and clean tokens)
+    xs = x[:1].expand(12, V).contiguous()
+    kws = dict(temperature=0.7, top_k=20, top_p=0.8)
+    tok, _ = _run(xs, tile=64, cand=8, seed=5, offset=torch.arange(12), **kws)
+    tw_tok, _ = _twin_tokens(xs, seed=5, offset=torch.arange(12), **kws)
+    assert torch.equal(tok, tw_tok)
