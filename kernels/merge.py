@@ -194,6 +194,7 @@ def _merge_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
+    PURE_OK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
@@ -320,7 +321,7 @@ def _merge_kernel(
     pbx = tl.zeros([], tl.float32)
     if not WRITE_PROBS:
         proven = pure & (~pure)
-    if (not WRITE_PROBS) and (not CD):  # constexpr: CD launches write no draw partials
+    if PURE_OK:  # constexpr: stage 1 wrote draw partials (a sampling launch, no CD)
         if pure:
             k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
             bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv

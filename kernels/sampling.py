@@ -137,7 +137,13 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     has_pf = has_hist and (on(presence_penalty) or on(frequency_penalty)
                            or presence_penalty != 0.0 or frequency_penalty != 0.0)
     cd = amateur_logits is not None
-    pure_ok = not write_probs and not cd  # stage 1 writes pure rows' draw partials
+    # Can a row be pure temperature (kernels/common.py _pure_row)? Decided from the Python
+    # scalars alone (a tensor parameter may hold anything): a scalar top-k in (0, V), top-p < 1,
+    # min-p > 0 or T == 0 rules it out for every row, and then stage 1 and the merge compile
+    # without the pure path (the tuned case's code is v2's).
+    pure_possible = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
+                     and (on(min_p) or min_p <= 0.0) and (on(temperature) or temperature > 0))
+    pure_ok = pure_possible and not write_probs and not cd  # stage 1 writes draw partials
     wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
     g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
              slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
@@ -224,6 +230,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         wf, wi, cand, xs, xi, tok, logp, sf, si, *cdargs, wc,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
+        PURE_OK=pure_ok,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
         num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **_regs(MERGE_REGS), **cdflags,

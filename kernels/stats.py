@@ -120,12 +120,6 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
         v = tl.where(fin, xp, float("-inf"))
         vm = tl.max(v, axis=0)
     hmask = v > float("-inf")
-    # stored before the candidates / draw partial: fewer values live across them (registers)
-    tl.store(wfrow + F_M * NT + t, m)
-    tl.store(wfrow + F_Z * NT + t, z)
-    tl.store(wfrow + F_LO * NT + t, lo)
-    tl.store(wirow + I_NPOS * NT + t, npos)
-    tl.store(wirow + I_NNAN * NT + t, nnan)
     if DRAW:
         # a pure row's blocks store their draw partial, no candidates
         _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
@@ -136,8 +130,13 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
         nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
                                       NWIN, D0_EXP, R)
 
+    tl.store(wfrow + F_M * NT + t, m)
+    tl.store(wfrow + F_Z * NT + t, z)
+    tl.store(wfrow + F_LO * NT + t, lo)
     tl.store(wfrow + F_G * NT + t, g)
     tl.store(wirow + I_NFIN * NT + t, nfin)
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
     tl.store(wirow + I_NCAND * NT + t, nkeep)
     return emax, elo
 
@@ -260,12 +259,29 @@ def _stats_kernel(
                              t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
                              TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, False, True, R,
                              True)
-            t_end = t_end * 0  # the loop below runs no block
-    for t in range(c * TPC, t_end):
+        else:
+            _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+                       t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
+                       D0_EXP, HAS_REP, HAS_PF, CD, R)
+    else:
+        _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+                   t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
+                   D0_EXP, HAS_REP, HAS_PF, CD, R)
+
+
+@triton.jit
+def _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
+               rep, pres, freq, tdiv, c2, la, beta, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+               KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
+               HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr, R: tl.constexpr):
+    """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
+    candidates per block."""
+    zero = tl.zeros([], tl.uint32)
+    for t in range(t0, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R,
-                                 False)
+                                 zero, zero, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF,
+                                 CD, True, R, False)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's
