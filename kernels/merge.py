@@ -304,10 +304,12 @@ def _merge_kernel(
 
     # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
     # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
-    # approximate score s = fl(x + G), that token's xp and id, and s2 = the block's next best s.
-    # The exact score fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M)
-    # + 2^-20 (A_t + |M| + 64), A_t = max(|m_t|, |lo_t|) (three roundings of at most 2^-24 of
-    # A_t + |M| + 17.4 each, |G| <= 17.4 or G = +inf, which makes s2 = +inf and U_t = +inf).
+    # approximate score s = fl(x' + G) (x' = fl(xp * fl(1 / T)) clamped at -FLT_MAX, within 4
+    # ulps of x), that token's xp and id, and s2 = the block's next best s. The exact score
+    # fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M) +
+    # 2^-20 (A_t + |M| + 64),
+    # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between total at most
+    # 2^-24 (8 A_t + 3 |M| + 53) (|G| <= 17.4, or G = +inf, which makes s2 = U_t = +inf).
     # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
     # lowest id, the same token the row pass draws; else the row takes the fallback.
     exact = sampling & (~ovf)

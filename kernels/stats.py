@@ -48,8 +48,9 @@ F_M, F_Z, F_LO, F_G, F_BX, F_S2 = (tl.constexpr(i) for i in range(6))
 I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_BID = (tl.constexpr(i) for i in range(5))
 NF = tl.constexpr(6)
 NI = tl.constexpr(5)
-# the merge's bound on a pure row's unstored scores: 2^-20 (A + |M| + 64) covers the three
-# roundings between s = fl(x + G) and fl(fl(x - M) + G) (kernels/README.md, "pure temperature")
+# the merge's bound on a pure row's unstored scores: 2^-20 (A + |M| + 64) covers x' - x and the
+# roundings between s = fl(x' + G) and fl(fl(x - M) + G), 2^-24 (8 A + 3 |M| + 53) in all
+# (kernels/merge.py, "pure temperature")
 DRAW_SLACK = tl.constexpr(2.0 ** -20)
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -151,16 +152,19 @@ def _top2_combine(a1, ai, av, a2, b1, bi, bv, b2):
 
 @triton.jit
 def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
-    """A pure-temperature block's draw partial: its best approximate score s = fl(x + G) (x =
-    xp / T, G the token's Gumbel noise, lowest id on ties), that token's xp and id, and s2, the
-    largest s of every other token of the block (one 4-way reduction). The merge recomputes
-    the exact score fl(fl(xp / T - M) + G) of each block's best and proves the row's winner
-    against the bounds s2 (kernels/README.md); x = -inf tokens (and padding lanes) never
-    score."""
-    # the hash takes its ids through a select on the loaded values, so the compiler cannot
-    # hoist it above the load and the penalties (it did, and spilled under the 64 cap)
-    live = v > float("-inf")
-    s = tl.where(live, v / tdiv + _gumbel(k0, k1, tl.where(live, offs, 0)), float("-inf"))
+    """A pure-temperature block's draw partial: its best approximate score s = fl(x' + G)
+    (x' = max(fl(xp * fl(1 / T)), -FLT_MAX), within 4 ulps of x = xp / T; G the token's Gumbel
+    noise; lowest id on ties), that token's xp and id, and s2, the largest s of every other
+    token of the block.
+    The merge recomputes the exact score fl(fl(xp / T - M) + G) of each block's best and
+    proves the row's winner against the bounds s2 (kernels/README.md); x = -inf tokens (and
+    padding lanes) never score. Per lane: the hash, two logs, one multiply (no division: s
+    only has to be close, the merge's slack covers x' - x)."""
+    # x' is clamped at -FLT_MAX: near it the product can overflow where the quotient does not
+    # (x finite, x' = -inf), and such a token must still score (or s = -inf + inf = NaN)
+    rinv = 1.0 / tdiv
+    xq = tl.maximum(v * rinv, -3.4028234663852886e38)
+    s = tl.where(v > float("-inf"), xq + _gumbel(k0, k1, offs), float("-inf"))
     lane = tl.arange(0, TILE)
     ib = tl.argmax(s, 0, tie_break_left=True)
     hit = lane == ib

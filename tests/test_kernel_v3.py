@@ -75,6 +75,21 @@ def test_pure_temperature_unproven_row_falls_back(monkeypatch):
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
 
 
+def test_pure_temperature_near_float_max():
+    """x = fl(xp / T) finite but xp * fl(1 / T) = -inf (T = 0.058078576, xp = -1.9763114e37):
+    stage 1's approximate score is clamped at -FLT_MAX, so such tokens still score. Every token
+    of row 0 ties at M, so the draw is the Gumbel argmax over the whole row (without the clamp
+    stage 1 scored none of them and the merge 'proved' a block's first lane)."""
+    V = 640
+    x = torch.full((2, V), -1.9763114e37)
+    x[1, ::3] = float("-inf")
+    kw = dict(temperature=0.058078576, seed=torch.tensor([1, 2]), offset=0)
+    tok, lp = _run(x, tile=64, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
 def _seed_with_infinite_gumbel(V, want_two_in_block=None):
     """A seed whose Gumbel noise is +inf (u rounds to 1.0) at some token id < V."""
     from gpu_sampler import rng
