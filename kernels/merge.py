@@ -14,6 +14,10 @@ candidates is exact when it is > G (everything >= it is a candidate, so its coun
 row's). The kept set then lies inside the candidates. Otherwise (overflow: flat or tie-heavy
 rows, huge nuclei, no filter at all, or a row whose x overflows to +inf) the program redoes the
 search and the draw over the row itself: passes = 1 per top-k / top-p search round + 1 draw.
+With SECOND, rows that need no threshold search (min-p alone; pure temperature whose winner the
+block partials did not prove) are instead handed to kernels/second.py: a second read over the
+whole grid (B, C), then a (B,) finish; the merge writes their plan (M, Me, lmin) and flags
+them in its outputs (token -2; Z_f -1 for the distribution).
 """
 import triton
 import triton.language as tl
@@ -184,7 +188,7 @@ def _merge_kernel(
     rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
-    tok_ptr, logp_ptr, sf_ptr, si_ptr,
+    tok_ptr, logp_ptr, sf_ptr, si_ptr, rf_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
@@ -194,7 +198,7 @@ def _merge_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
-    PURE_OK: tl.constexpr,
+    PURE_OK: tl.constexpr, SECOND: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
@@ -478,6 +482,18 @@ def _merge_kernel(
 
     # ---- exact fallback over the row ----------------------------------------------------------
     fallback = sampling & (~exact) & (~(pure & proven))
+    if SECOND:
+        # rows with no threshold to search (min-p alone, an unproven pure row) go to the second
+        # read (kernels/second.py), grid (B, C): every finite x >= lmin, min-p applied there
+        # (the plan: M, Me, lmin; the hand-over is flagged in the outputs, token -2 or Z_f -1,
+        # through values that are live anyway: 16 bytes spilled otherwise)
+        if fallback & (~ovf) & (~k_act) & (~p_act):
+            tl.store(rf_ptr + row * 4, M)
+            tl.store(rf_ptr + row * 4 + 1, Me)
+            tl.store(rf_ptr + row * 4 + 2, lmin)
+            fallback = fallback & (~fallback)
+            bidx = bidx * 0 - 2
+            z_f = z_f * 0.0 - 1.0
     if fallback:
         M = tl.where(ovf, 0.0, M)
         tau = tl.where(ovf, 0.0, lmin)

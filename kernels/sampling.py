@@ -1,12 +1,17 @@
 """Launcher of the sampling kernels: penalties, temperature, top-k, top-p, min-p and the draw.
 
-A call is two launches over the [B, V] logits (three with penalties, one more for the
-distribution), with a static workspace per (B, V, L):
+A call is two launches over the [B, V] logits (three with penalties, two more when a row can
+have min-p and no top-k / top-p, one more for the distribution), with a static workspace per
+(B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
     kernels/stats.py    _stats_kernel           grid (B, C)   the one read: block partials + candidates
     kernels/merge.py    _merge_kernel           grid (B,)     merge, thresholds, min-p, draw, logprob
-                                                              (+ exact fallback over the row)
+                                                              (+ exact fallback over the row for
+                                                              rows with a threshold to search)
+    kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
+                                                              (min-p alone, unproven pure T)
+    kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
 
 C (chunks per row) only changes which program handles which block: every partial is per block
@@ -21,7 +26,8 @@ import triton
 
 from .common import _fmix32, _key, _param, _splitmix64, _uniform, _unkey  # noqa: F401 (re-exported)
 from .history import _bucket_history_kernel
-from .merge import NS, _merge_kernel, _write_probs_kernel
+from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
+from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 
 INVALID_TOKEN = -1
@@ -144,6 +150,13 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     pure_possible = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
                      and (on(min_p) or min_p <= 0.0) and (on(temperature) or temperature > 0))
     pure_ok = pure_possible and not write_probs and not cd  # stage 1 writes draw partials
+    # Can a row need the second read (kernels/second.py: min-p and no top-k / top-p, T > 0)?
+    # Then the merge hands such rows over and two more launches, both over the whole grid,
+    # finish them. A launch with no min-p anywhere does not pay for them: its only such rows are
+    # pure rows whose winner the merge could not prove (logits ~1e6, kernels/README.md), which
+    # keep the merge's row pass.
+    second = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
+              and (on(temperature) or temperature > 0) and (on(min_p) or min_p > 0.0))
     wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
     g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
              slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
@@ -221,20 +234,34 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         tok = _alloc((B,), torch.int64, dev)
         logp = _alloc((B,), torch.float32, dev)
         sf = si = tok
+    rf = _workspace((B, NR.value), torch.float32, dev) if second else dummy
     merge_warps = 8 if TILE >= 1024 else 4
     _merge_kernel[(B,)](
         logits, logits.stride(0), V, NT, edits, stride_eb, bnd,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
         rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cand, xs, xi, tok, logp, sf, si, *cdargs, wc,
+        wf, wi, cand, xs, xi, tok, logp, sf, si, rf, *cdargs, wc,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
-        PURE_OK=pure_ok,
+        PURE_OK=pure_ok, SECOND=second,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
         num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **_regs(MERGE_REGS), **cdflags,
         **common, **extra)
+    if second:
+        qf = _workspace((B, NQ.value, NT), torch.float32, dev)
+        qi = _workspace((B, NQI.value, NT), torch.int32, dev)
+        _gather_kernel[(B, g["C"])](
+            logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
+            temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s, minp_p, minp_s,
+            seed_p, int(seed_s), off_p, int(off_s), rf, tok, sf, qf, qi, *cdargs,
+            MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9], HAS_MINP=has_minp,
+            WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=num_warps, **cdflags, **common,
+            **extra)
+        _finish_kernel[(B,)](
+            NT, rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
+            WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
     if not write_probs:
         return tok, logp
     probs = _alloc((B, V), torch.float32, dev)

@@ -194,3 +194,91 @@ def test_dirty_blocks_are_reread_not_the_row(monkeypatch):
     tok, _ = _run(xs, tile=64, cand=8, seed=5, offset=torch.arange(12), **kws)
     tw_tok, _ = _twin_tokens(xs, seed=5, offset=torch.arange(12), **kws)
     assert torch.equal(tok, tw_tok)
+
+
+class KernelReads:
+    """Bytes each kernel loads from one tensor, and the launches' grids (interpreter hooks)."""
+
+    def __init__(self, t, monkeypatch):
+        from triton.runtime import interpreter as ti
+        import numpy as np
+        lo = t.untyped_storage().data_ptr()
+        hi = lo + t.untyped_storage().nbytes()
+        self.bytes, self.grids, cur = {}, {}, ["?"]
+        load, call = ti.InterpreterBuilder.create_masked_load, ti.GridExecutor.__call__
+
+        def masked_load(b, ptrs, mask, other, cache_policy, is_volatile):
+            a = np.asarray(ptrs.data, dtype=np.uint64)
+            m = np.broadcast_to(np.asarray(mask.data, dtype=bool), a.shape)
+            n = int((m & (a >= lo) & (a < hi)).sum()) * t.element_size()
+            self.bytes[cur[0]] = self.bytes.get(cur[0], 0) + n
+            return load(b, ptrs, mask, other, cache_policy, is_volatile)
+
+        def run(ex, *args, **kwargs):
+            cur[0] = ex.fn.__name__
+            self.grids[cur[0]] = tuple(ex.grid)
+            return call(ex, *args, **kwargs)
+
+        monkeypatch.setattr(ti.InterpreterBuilder, "create_masked_load", masked_load)
+        monkeypatch.setattr(ti.GridExecutor, "__call__", run)
+
+
+def _second_rows(V, g):
+    """Rows whose min-p / pure draw the candidates cannot finish (8 slots per 64-token block):
+    flat N(0, 1), integer ties, -inf-heavy (a whole masked block), power-law; then a peaked
+    greedy row and a pure-temperature row."""
+    x = torch.randn(6, V, generator=g)
+    x[1] = torch.randint(0, 4, (V,), generator=g).float()
+    x[2, torch.rand(V, generator=g) < 0.8] = float("-inf")
+    x[2, 128:192] = float("-inf")
+    rank = torch.randperm(V, generator=g).float() + 1
+    x[3] = -1.1 * torch.log(rank) + 0.1 * torch.randn(V, generator=g)
+    x[4] *= 3
+    kw = dict(temperature=torch.tensor([1.0, 0.8, 1.3, 1.0, 0.0, 1.0]),
+              min_p=torch.tensor([0.05, 0.1, 0.02, 0.05, 0.0, 0.0]),
+              seed=torch.arange(6) + 3, offset=torch.tensor([0, 1, 2, 3, 4, 5]))
+    return x, kw
+
+
+def test_min_p_second_read_is_parallel(monkeypatch):
+    """Min-p alone on rows whose kept set outgrows the candidates: the merge reads no logits,
+    the second read is a (B, C) launch that reads exactly the handed-over rows once more, and
+    the tokens are the twin's, the same at any chunk count and on a sub-batch (odd V)."""
+    g = torch.Generator().manual_seed(57)
+    V = 4099
+    x, kw = _second_rows(V, g)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=8, **kw)
+    assert reads.bytes.get("_merge_kernel", 0) == 0
+    assert reads.grids["_gather_kernel"][1] > 1  # C programs per row
+    gathered = reads.bytes["_gather_kernel"]
+    assert gathered == 3 * V * 4  # rows 0-2, once each (the power-law row's set is stored)
+    assert reads.bytes["_stats_kernel"] == x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    for chunks in (1, 7):
+        tok_c, lp_c = _run(x, tile=64, cand=8, chunks=chunks, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    r = torch.tensor([3, 1, 5])
+    sub = {k: v[r] for k, v in kw.items()}
+    tok_s, lp_s = _run(x[r], tile=64, cand=8, chunks=3, **sub)
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+def test_min_p_second_read_distribution_and_bf16():
+    """The distribution of handed-over rows (Z_f from the second read) is HF's; bf16 logits
+    with many offsets draw the twin's tokens."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(58)
+    V = 1031
+    x, kw = _second_rows(V, g)
+    kw = {k: v for k, v in kw.items() if k in ("temperature", "min_p")}
+    assert_matches_hf(_run(x, tile=64, cand=8, write_probs=True, **kw), x, "second read", **kw)
+    xb = x[:1].to(torch.bfloat16).expand(8, V).contiguous()
+    kwb = dict(temperature=1.0, min_p=0.05, seed=4, offset=torch.arange(8))
+    tok, lp = _run(xb, tile=64, cand=8, **kwb)
+    tw_tok, tw_lp = _twin_tokens(xb, **kwb)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert len(set(tok.tolist())) > 3
