@@ -15,7 +15,10 @@ HI = the row's min finite x here, i.e. every finite x):
 Then Z_f = sum_t zf_t (a fixed tree over block indices), token = the best_t's token with the
 lowest id among equal scores, logprob = x_tok - M - log Z_f: the row pass of the fallback, in
 the same arithmetic per token, so the same token; Z_f is summed per block, so it is the same for
-any chunk count and batch. Rows with mode 0 (finished by the merge) read and write nothing.
+any chunk count and batch. Rows the merge finished read only their token (or Z_f) here.
+The merge marks a handed-over row in its own outputs (token -2, or Z_f -1 with WRITE_PROBS) and
+writes its plan (M, Me, lmin) to rf; the launcher runs both launches only when a row of the call
+can have min-p without top-k / top-p.
 
 Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches are (B, C).
 """
@@ -85,7 +88,7 @@ def _gather_kernel(
     """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a row
     the merge handed over (mode > 0): reads each of those blocks once (V * s bytes per row in
     all, + V * s_a with CD, + its history edits) and writes 4 words per block; other rows read
-    only the merge's token (or flags)."""
+    only the merge's token (or Z_f)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
