@@ -10,11 +10,25 @@ measured programs are the real ones (docs/notes.md, kernels/README.md):
     python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
         --case '64,128256,128,{"plan_batch": 64, "top_k": 50, "top_p": 0.9, "temperature": 0.7,
                                "repetition_penalty": 1.2}'
+
+``row_kind`` (bench/workloads.py: "sigma3", "confident", "flat", "powerlaw") replaces the tool's
+N(0, 3^2) rows by rows of that kind (same shape and dtype), and ``mixed=true`` gives the rows
+the per-row parameters of workloads.py's mixed serving batch (greedy, T 1.0, T 1.0 p 0.95,
+T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind of row is traced):
+
+    python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
+        --rows 5 --case '64,128256,0,{"plan_batch": 64, "mixed": true, "seed": 1}'
 """
 from gpu_sampler.kernels.sampling import fused_sample, plan
 
 
-def sample_plan(logits, input_ids=None, plan_batch=None, **kw):
+def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False, **kw):
     B, V = logits.shape
+    if row_kind is not None:
+        from bench.rows import row_logits
+        logits = row_logits(row_kind, B, V).to(device=logits.device, dtype=logits.dtype)
+    if mixed:
+        from bench.rows import mixed_kwargs
+        kw = dict(kw, **{k: v.to(logits.device) for k, v in mixed_kwargs(B).items()})
     chunks = plan(plan_batch or B, V)["C"]
     return fused_sample(logits, input_ids=input_ids, chunks=chunks, **kw)

@@ -21,20 +21,22 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "bnd_ptr": "*i32", "wf_ptr": "*fp32", "wi_ptr": "*i32", "cand_ptr": "*i64",
        "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
        "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
-       "wc_ptr": "*fp32"}
+       "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
+       "qi_ptr": "*i32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
                FREQ_T=True, PLEN_T=True, SEED_T=True, OFF_T=True, LA_T=True, BETA_T=True)
 # the geometry the launcher picks for V = 128256 on a GPU (kernels.sampling.plan)
 GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS=64,
-            NWIN=8, D0_EXP=-2, L_BLOCK=256, NB=256, INV_W=16.0, LB_BLOCK=256)
+            NWIN=8, D0_EXP=-2, L_BLOCK=256, NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8)
 
 
 def _kernel(name):
-    from . import history, merge, stats
+    from . import history, merge, second, stats
     return {"history": history._bucket_history_kernel, "stats": stats._stats_kernel,
-            "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel}[name]
+            "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel,
+            "gather": second._gather_kernel, "finish": second._finish_kernel}[name]
 
 
 def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", maxnreg=None,
@@ -52,6 +54,10 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   WRITE_PROBS=False, CD=False, **GEOM)
     consts.update(flags)
+    # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
+    consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
+    # as the launcher: the second read when a row can have min-p and no top-k / top-p
+    consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
@@ -103,7 +109,7 @@ VARIANTS = {
     "history": ("history", dict(num_warps=8)),
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
-    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=64)),
+    "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=72)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4,
                                        maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),
@@ -112,6 +118,12 @@ VARIANTS = {
                                        logits_dtype="bf16", maxnreg=128)),
     "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True, maxnreg=128)),
     "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
+    # the second read of rows the merge hands over (min-p alone, unproven pure temperature)
+    "gather": ("gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, S_ZF=2, NS=5,
+                              num_warps=4)),
+    "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4)),
+    "finish:distribution": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, WRITE_PROBS=True,
+                                           num_warps=4)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),

@@ -89,6 +89,23 @@ def _gumbel(k0, k1, offs):
     return -tl.log(-tl.log(_uniform(k0, k1, offs)))
 
 
+@triton.jit
+def _pure_row(T, k, p, minp, V, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+              HAS_MINP: tl.constexpr):
+    """A sampling row with no threshold to find (pure temperature): T > 0 and no top-k
+    (k <= 0 or k >= V), no top-p (p >= 1), no min-p (min_p <= 0). Its kept set is every finite
+    x, so its draw is block-decomposable. Stage 1 and the merge both decide it from the
+    parameters alone (invalid rows are caught by the merge as before)."""
+    pure = T > 0.0
+    if HAS_TOPK:
+        pure = pure & ((k <= 0) | (k >= V))
+    if HAS_TOPP:
+        pure = pure & (p >= 1.0)
+    if HAS_MINP:
+        pure = pure & (minp <= 0.0)
+    return pure
+
+
 # a candidate slot: x (fp32 bits, low word) and its token id (high word) in one int64, so
 # stage 1 stores (and the merge loads) one word per candidate; an empty slot is x = -inf
 EMPTY_SLOT = tl.constexpr(0xFF800000)

@@ -14,15 +14,19 @@ candidates is exact when it is > G (everything >= it is a candidate, so its coun
 row's). The kept set then lies inside the candidates. Otherwise (overflow: flat or tie-heavy
 rows, huge nuclei, no filter at all, or a row whose x overflows to +inf) the program redoes the
 search and the draw over the row itself: passes = 1 per top-k / top-p search round + 1 draw.
+With SECOND, rows that need no threshold search (min-p alone; pure temperature whose winner the
+block partials did not prove) are instead handed to kernels/second.py: a second read over the
+whole grid (B, C), then a (B,) finish; the merge writes their plan (M, Me, lmin) and flags
+them in its outputs (token -2; Z_f -1 for the distribution).
 """
 import triton
 import triton.language as tl
 
 from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _row_key, _tempered)
-from .stats import (F_G, F_LO, F_M, F_Z, I_NCAND, I_NFIN, I_NNAN, I_NPOS, LOG2E, NF, NI,
-                    _block_stats)
+                     _pure_row, _row_key, _tempered)
+from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
+                    I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
 S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
@@ -184,7 +188,7 @@ def _merge_kernel(
     rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
-    tok_ptr, logp_ptr, sf_ptr, si_ptr,
+    tok_ptr, logp_ptr, sf_ptr, si_ptr, rf_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
@@ -193,7 +197,8 @@ def _merge_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, WRITE_PROBS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
-    NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr,
+    NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
+    PURE_OK: tl.constexpr, SECOND: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
@@ -255,9 +260,8 @@ def _merge_kernel(
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
             _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me, TILE, E_BLOCK, KT,
-                         NWIN, D0_EXP,
-                         HAS_REP, HAS_PF, True, False, R)
+                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, True, False, R, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
@@ -302,12 +306,65 @@ def _merge_kernel(
     if not HAS_MINP:
         minp = minp * 0.0
 
-    # ---- thresholds on the candidates ---------------------------------------------------------
+    # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
+    # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
+    # approximate score s = fl(x' + G) (x' = fl(xp * fl(1 / T)) clamped at -FLT_MAX, within 4
+    # ulps of x), that token's xp and id, and s2 = the block's next best s. The exact score
+    # fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M) +
+    # 2^-20 (A_t + |M| + 64),
+    # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between total at most
+    # 2^-24 (8 A_t + 3 |M| + 53) (|G| <= 17.4, or G = +inf, which makes s2 = U_t = +inf).
+    # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
+    # lowest id, the same token the row pass draws; else the row takes the fallback.
     exact = sampling & (~ovf)
+    pure = exact & _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+    if CD:
+        if not WRITE_PROBS:
+            pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
+    exact = exact & (~pure)
+    proven = pure  # the distribution needs only Z_f = Z
+    pbidx = row * 0 - 1
+    pbx = tl.zeros([], tl.float32)
+    if not WRITE_PROBS:
+        proven = pure & (~pure)
+    if PURE_OK:  # constexpr: stage 1 wrote draw partials (a sampling launch, no CD)
+        if pure:
+            k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+            bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv
+            s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
+            bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
+            lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
+            has = tin & (m_t > float("-inf")) & (bx_t > float("-inf"))
+            e_t = tl.where(has, (bx_t - M) + _gumbel(k0, k1, bid_t), float("-inf"))
+            pbest = tl.max(e_t, axis=0)
+            pid = tl.min(tl.where(has & (e_t == pbest), bid_t, 2147483647), axis=0)
+            a_t = tl.maximum(tl.abs(m_t), tl.abs(lo_t))
+            u_t = tl.where(has & (s2_t > float("-inf")),
+                           (s2_t - M) + DRAW_SLACK * (a_t + tl.abs(M) + 64.0), float("-inf"))
+            proven = pbest > tl.max(u_t, axis=0)
+            pbidx = pid.to(tl.int64)
+            pbx = tl.max(tl.where(has & (bid_t == pid), bx_t, float("-inf")), axis=0)
+
+    # ---- thresholds on the candidates ---------------------------------------------------------
     tau = tl.full([], float("-inf"), tl.float32)
     zk = Z
     base = row * NT * KT
     n_c = tl.zeros([], tl.int32)
+    if HAS_MINP:
+        if HAS_TOPP:
+            # Top-p is irrelevant when min-p's cut lies above every value it could pick. With
+            # every min-p-kept token a candidate (e^(G - M) < min_p), c = the smallest kept x
+            # and W(c) = their mass: W(c) < p Z gives tau_p < c, so the kept set is min-p's
+            # alone and the row needs no top-p search (v2 searched and, when the nucleus
+            # outgrew the candidates, fell back to the row). Top-k rows keep the search.
+            if exact & p_act & (~k_act) & (minp > 0.0) & (tl.exp(G - M) < minp):
+                wm = tl.zeros([CB], tl.float32)
+                for b0 in range(0, NT * KT, CB):
+                    ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
+                    e = tl.exp(x - M)
+                    wm += tl.where(ok & (e >= minp), e, 0.0)
+                p_act = p_act & (tl.sum(wm, axis=0) >= p * Z)
+
     if exact:
         # a bound LB <= tau from a histogram of the candidates, then the candidates >= LB
         # compacted (slot order) into the row's list: the searches and the draw scan only it
@@ -323,6 +380,20 @@ def _merge_kernel(
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
+        # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
+        # candidates (a block whose window overflowed, e.g. one dominant token and a long
+        # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
+        # the merge re-reads those blocks instead, appending every token >= LB: the list then
+        # holds *every* token >= LB of the row, so a threshold >= LB found on it is exact with
+        # G replaced by the largest g of the clean blocks (< LB). Costs ndirty / NT of a pass;
+        # v2 re-read the whole row, once per search round.
+        g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
+        lbv = tl.zeros([NT_P2], tl.float32) + LB
+        dirty = tin & (g_t >= lbv) & (lbv > float("-inf"))
+        ndirty = tl.sum(dirty.to(tl.int32), axis=0)
+        redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
+        ncand_t = tl.where(redo & dirty, 0, ncand_t)
+        G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
         vmin = tl.full([CB], float("inf"), tl.float32)
         vmass = tl.zeros([CB], tl.float32)
         if use_lbk:
@@ -344,6 +415,26 @@ def _merge_kernel(
                                             n_c, vmin, vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
+        full = tl.zeros([], dtype=tl.int1)
+        if redo:
+            t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
+            while t < NT:
+                offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres,
+                                                      freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                      arow, la, beta, Me, CD, False)
+                x = xp / tdiv
+                sel = inb & (x >= LB)
+                nsel = tl.sum(sel.to(tl.int32), axis=0)
+                full = full | (n_c + nsel > NT * KT)  # the list's capacity: then fall back
+                if ~full:
+                    pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
+                    tl.store(xs_ptr + base + pos, x, mask=sel)
+                    tl.store(is_ptr + base + pos, offs, mask=sel)
+                    n_c += nsel
+                    cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
+                    cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
+                t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
+            exact = exact & (~full)
         complete = G == float("-inf")
         if k_act:
             tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
@@ -359,6 +450,7 @@ def _merge_kernel(
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
 
+    # the row key here, not earlier: two fewer registers live through the searches
     k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     z_f = tl.zeros([], tl.float32)
     best = tl.full([], float("-inf"), tl.float32)
@@ -374,15 +466,34 @@ def _merge_kernel(
                 ids = tl.load(is_ptr + slot, mask=ok, other=0)
                 score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
                 tb = tl.max(score, axis=0)
-                ti = tl.argmax(score, 0, tie_break_left=True)
-                hit = tl.arange(0, LB_BLOCK) == ti
-                upd = tb > best
-                bidx = tl.where(upd, tl.sum(tl.where(hit, ids, 0), axis=0).to(tl.int64), bidx)
+                # lowest id on an exact score tie: the list is in id order except for the
+                # tokens of re-read (dirty) blocks, appended at its end
+                tid = tl.min(tl.where(keep & (score == tb), ids, 2147483647), axis=0)
+                hit = keep & (ids == tid)
+                upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
+                bidx = tl.where(upd, tid.to(tl.int64), bidx)
                 bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
                 best = tl.maximum(best, tb)
 
+    if pure & proven:
+        z_f = Z
+        bidx = pbidx
+        bx = pbx
+
     # ---- exact fallback over the row ----------------------------------------------------------
-    fallback = sampling & (~exact)
+    fallback = sampling & (~exact) & (~(pure & proven))
+    if SECOND:
+        # rows with no threshold to search (min-p alone, an unproven pure row) go to the second
+        # read (kernels/second.py), grid (B, C): every finite x >= lmin, min-p applied there
+        # (the plan: M, Me, lmin; the hand-over is flagged in the outputs, token -2 or Z_f -1,
+        # through values that are live anyway: 16 bytes spilled otherwise)
+        if fallback & (~ovf) & (~k_act) & (~p_act):
+            tl.store(rf_ptr + row * 4, M)
+            tl.store(rf_ptr + row * 4 + 1, Me)
+            tl.store(rf_ptr + row * 4 + 2, lmin)
+            fallback = fallback & (~fallback)
+            bidx = bidx * 0 - 2
+            z_f = z_f * 0.0 - 1.0
     if fallback:
         M = tl.where(ovf, 0.0, M)
         tau = tl.where(ovf, 0.0, lmin)

@@ -1,12 +1,17 @@
 """Launcher of the sampling kernels: penalties, temperature, top-k, top-p, min-p and the draw.
 
-A call is two launches over the [B, V] logits (three with penalties, one more for the
-distribution), with a static workspace per (B, V, L):
+A call is two launches over the [B, V] logits (three with penalties, two more when a row can
+have min-p and no top-k / top-p, one more for the distribution), with a static workspace per
+(B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
     kernels/stats.py    _stats_kernel           grid (B, C)   the one read: block partials + candidates
     kernels/merge.py    _merge_kernel           grid (B,)     merge, thresholds, min-p, draw, logprob
-                                                              (+ exact fallback over the row)
+                                                              (+ exact fallback over the row for
+                                                              rows with a threshold to search)
+    kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
+                                                              (min-p alone, unproven pure T)
+    kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
 
 C (chunks per row) only changes which program handles which block: every partial is per block
@@ -21,13 +26,18 @@ import triton
 
 from .common import _fmix32, _key, _param, _splitmix64, _uniform, _unkey  # noqa: F401 (re-exported)
 from .history import _bucket_history_kernel
-from .merge import NS, _merge_kernel, _write_probs_kernel
+from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
+from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 
 INVALID_TOKEN = -1
 SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
 STATS_REGS = 64            # stage 1 is compiled to <= 64 registers (no spills): 8 programs per SM
 STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 regs)
+# With repetition *and* presence/frequency penalties, the pure-temperature draw loop of stage 1
+# needs 72 registers (64 spilled 40 bytes, kernels/README.md): 7 programs per SM there.
+STATS_REGS_PF = 72
+STATS_SLOTS_PF = 7 * SMS
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
@@ -75,26 +85,26 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def _chunks(B, nt):
+def _chunks(B, nt, slots=STATS_SLOTS):
     """Stage-1 programs per row: the least work on the busiest slot, ceil(B C / S) waves of
     ceil(NT / C) blocks plus a program's fixed cost (~1/8 block), then the fewest programs."""
     return min(range(1, nt + 1),
-               key=lambda c: (_cdiv(B * c, STATS_SLOTS) * (8 * _cdiv(nt, c) + 1), c))
+               key=lambda c: (_cdiv(B * c, slots) * (8 * _cdiv(nt, c) + 1), c))
 
 
-def plan(B, V, *, tile=None, chunks=None, cand=None):
+def plan(B, V, *, tile=None, chunks=None, cand=None, slots=STATS_SLOTS):
     """Static launch geometry for a (B, V) call: dict(TILE, NT, NT_P2, KT, CB, C, TPC)."""
-    return dict(_plan(B, V, tile, chunks, cand))
+    return dict(_plan(B, V, tile, chunks, cand, slots))
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(B, V, tile, chunks, cand):
+def _plan(B, V, tile, chunks, cand, slots):
     # Cached: a decode loop asks for the same (B, V) every step, and the host time of a call
     # is what a small batch pays (the kernels at B = 1 are tens of microseconds).
     tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
     nt = _cdiv(V, tile)
     kt = cand if cand is not None else min(tile, max(64, _next_pow2(_cdiv(MIN_CAPACITY, nt))))
-    c = chunks if chunks is not None else _chunks(max(B, 1), nt)
+    c = chunks if chunks is not None else _chunks(max(B, 1), nt, slots)
     c = max(1, min(int(c), nt))
     tpc = _cdiv(nt, c)
     c = _cdiv(nt, tpc)
@@ -124,8 +134,6 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device
-    g = plan(B, V, tile=tile, chunks=chunks, cand=cand)
-    TILE, NT = g["TILE"], g["NT"]
 
     def on(v):
         return isinstance(v, torch.Tensor)
@@ -134,12 +142,30 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     has_rep = has_hist and (on(repetition_penalty) or repetition_penalty != 1.0)
     has_pf = has_hist and (on(presence_penalty) or on(frequency_penalty)
                            or presence_penalty != 0.0 or frequency_penalty != 0.0)
+    cd = amateur_logits is not None
+    # Can a row be pure temperature (kernels/common.py _pure_row)? Decided from the Python
+    # scalars alone (a tensor parameter may hold anything): a scalar top-k in (0, V), top-p < 1,
+    # min-p > 0 or T == 0 rules it out for every row, and then stage 1 and the merge compile
+    # without the pure path (the tuned case's code is v2's).
+    pure_possible = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
+                     and (on(min_p) or min_p <= 0.0) and (on(temperature) or temperature > 0))
+    pure_ok = pure_possible and not write_probs and not cd  # stage 1 writes draw partials
+    # Can a row need the second read (kernels/second.py: min-p and no top-k / top-p, T > 0)?
+    # Then the merge hands such rows over and two more launches, both over the whole grid,
+    # finish them. A launch with no min-p anywhere does not pay for them: its only such rows are
+    # pure rows whose winner the merge could not prove (logits ~1e6, kernels/README.md), which
+    # keep the merge's row pass.
+    second = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
+              and (on(temperature) or temperature > 0) and (on(min_p) or min_p > 0.0))
+    wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
+    g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
+             slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
+    TILE, NT = g["TILE"], g["NT"]
     has_topk = on(top_k) or 0 < top_k < V
     has_topp = on(top_p) or top_p < 1.0
     has_minp = on(min_p) or min_p > 0.0
 
     dummy = logits
-    cd = amateur_logits is not None
     if cd:
         am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
         la_p, la_s, la_t = _split(_log_alpha(cd_alpha), dummy)
@@ -192,9 +218,13 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _stats_kernel[(B, g["C"])](
         logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
         temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2, num_warps=num_warps,
-        R=min(TILE, 32 * num_warps), **_regs(STATS_REGS),
-        **cdflags, **common, **extra)
+        topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s, seed_p, int(seed_s), off_p,
+        int(off_s), wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
+        num_warps=num_warps, R=min(TILE, 32 * num_warps),
+        **_regs(STATS_REGS_PF if wide else STATS_REGS),
+        TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
+        HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp,
+        PURE_OK=pure_ok, **cdflags, **common, **extra)
 
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
@@ -204,19 +234,34 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         tok = _alloc((B,), torch.int64, dev)
         logp = _alloc((B,), torch.float32, dev)
         sf = si = tok
+    rf = _workspace((B, NR.value), torch.float32, dev) if second else dummy
     merge_warps = 8 if TILE >= 1024 else 4
     _merge_kernel[(B,)](
         logits, logits.stride(0), V, NT, edits, stride_eb, bnd,
         temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
         rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
         seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cand, xs, xi, tok, logp, sf, si, *cdargs, wc,
+        wf, wi, cand, xs, xi, tok, logp, sf, si, rf, *cdargs, wc,
         TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
         HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
+        PURE_OK=pure_ok, SECOND=second,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
-        NB=256, INV_W=16.0, LB_BLOCK=256, NWIN=8, D0_EXP=-2,
+        NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
         num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **_regs(MERGE_REGS), **cdflags,
         **common, **extra)
+    if second:
+        qf = _workspace((B, NQ.value, NT), torch.float32, dev)
+        qi = _workspace((B, NQI.value, NT), torch.int32, dev)
+        _gather_kernel[(B, g["C"])](
+            logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
+            temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s, minp_p, minp_s,
+            seed_p, int(seed_s), off_p, int(off_s), rf, tok, sf, qf, qi, *cdargs,
+            MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9], HAS_MINP=has_minp,
+            WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=num_warps, **cdflags, **common,
+            **extra)
+        _finish_kernel[(B,)](
+            NT, rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
+            WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
     if not write_probs:
         return tok, logp
     probs = _alloc((B, V), torch.float32, dev)

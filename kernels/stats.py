@@ -40,13 +40,18 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import _bad_row, _pack_cand, _param, _penalised_tile
+from .common import _bad_row, _gumbel, _pack_cand, _param, _penalised_tile, _pure_row, _row_key
 
-# workspace field order (float32 [B, 4, NT] and int32 [B, 4, NT])
-F_M, F_Z, F_LO, F_G = (tl.constexpr(i) for i in range(4))
-I_NFIN, I_NPOS, I_NNAN, I_NCAND = (tl.constexpr(i) for i in range(4))
-NF = tl.constexpr(4)
-NI = tl.constexpr(4)
+# workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
+# F_S2 and I_BID are written for pure-temperature rows only (their block's draw partial)
+F_M, F_Z, F_LO, F_G, F_BX, F_S2 = (tl.constexpr(i) for i in range(6))
+I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_BID = (tl.constexpr(i) for i in range(5))
+NF = tl.constexpr(6)
+NI = tl.constexpr(5)
+# the merge's bound on a pure row's unstored scores: 2^-20 (A + |M| + 64) covers x' - x and the
+# roundings between s = fl(x' + G) and fl(fl(x - M) + G), 2^-24 (8 A + 3 |M| + 53) in all
+# (kernels/merge.py, "pure temperature")
+DRAW_SLACK = tl.constexpr(2.0 ** -20)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -80,12 +85,13 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, c2, la, beta, me,
+                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
-                 R: tl.constexpr):
-    """Block t's partials and candidates (module docstring), written to the workspace.
+                 R: tl.constexpr, DRAW: tl.constexpr):
+    """Block t's partials and candidates (module docstring), written to the workspace; for a
+    pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
     offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
                                                TILE, E_BLOCK, HAS_REP, HAS_PF,
@@ -115,7 +121,64 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
         v = tl.where(fin, xp, float("-inf"))
         vm = tl.max(v, axis=0)
     hmask = v > float("-inf")
+    if DRAW:
+        # a pure row's blocks store their draw partial, no candidates
+        _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
+        nfin = tl.sum(hmask.to(tl.int32), axis=0)
+        nkeep = nfin * 0
+        g = m
+    else:
+        nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
+                                      NWIN, D0_EXP, R)
 
+    tl.store(wfrow + F_M * NT + t, m)
+    tl.store(wfrow + F_Z * NT + t, z)
+    tl.store(wfrow + F_LO * NT + t, lo)
+    tl.store(wfrow + F_G * NT + t, g)
+    tl.store(wirow + I_NFIN * NT + t, nfin)
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
+    tl.store(wirow + I_NCAND * NT + t, nkeep)
+    return emax, elo
+
+
+@triton.jit
+def _top2_combine(a1, ai, av, a2, b1, bi, bv, b2):
+    """(best s, its lane, its xp, best s of the other lanes); ties to the lower lane."""
+    first = (a1 > b1) | ((a1 == b1) & (ai < bi))
+    return (tl.where(first, a1, b1), tl.where(first, ai, bi), tl.where(first, av, bv),
+            tl.where(first, tl.maximum(a2, b1), tl.maximum(b2, a1)))
+
+
+@triton.jit
+def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
+    """A pure-temperature block's draw partial: its best approximate score s = fl(x' + G)
+    (x' = max(fl(xp * fl(1 / T)), -FLT_MAX), within 4 ulps of x = xp / T; G the token's Gumbel
+    noise; lowest id on ties), that token's xp and id, and s2, the largest s of every other
+    token of the block.
+    The merge recomputes the exact score fl(fl(xp / T - M) + G) of each block's best and
+    proves the row's winner against the bounds s2 (kernels/README.md); x = -inf tokens (and
+    padding lanes) never score. Per lane: the hash, two logs, one multiply (no division: s
+    only has to be close, the merge's slack covers x' - x)."""
+    # x' is clamped at -FLT_MAX: near it the product can overflow where the quotient does not
+    # (x finite, x' = -inf), and such a token must still score (or s = -inf + inf = NaN)
+    rinv = 1.0 / tdiv
+    xq = tl.maximum(v * rinv, -3.4028234663852886e38)
+    s = tl.where(v > float("-inf"), xq + _gumbel(k0, k1, offs), float("-inf"))
+    lane = tl.arange(0, TILE)
+    ib = tl.argmax(s, 0, tie_break_left=True)
+    hit = lane == ib
+    s2 = tl.max(tl.where(hit, float("-inf"), s), axis=0)
+    bxp = tl.max(tl.where(hit, v, float("-inf")), axis=0)
+    tl.store(wfrow + F_BX * NT + t, bxp)
+    tl.store(wfrow + F_S2 * NT + t, s2)
+    tl.store(wirow + I_BID * NT + t, (t * TILE + ib).to(tl.int32))
+
+
+@triton.jit
+def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.constexpr,
+                 KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, R: tl.constexpr):
+    """The block's candidates (module docstring): (nfin, ncand, g_t)."""
     # windows W_j = {v : fl(vm - v) <= D0 * 2^j} (j < 7, D0 = 2^D0_EXP), the last one every
     # counted lane: keep the widest window holding <= KT values (none if more than KT lie
     # within D0 of the max). k = the first window holding v, read off the exponent of
@@ -140,31 +203,31 @@ def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
     g = tl.max(tl.where(keep, float("-inf"), v), axis=0) / tdiv
-
-    tl.store(wfrow + F_M * NT + t, m)
-    tl.store(wfrow + F_Z * NT + t, z)
-    tl.store(wfrow + F_LO * NT + t, lo)
-    tl.store(wfrow + F_G * NT + t, g)
-    tl.store(wirow + I_NFIN * NT + t, nfin)
-    tl.store(wirow + I_NPOS * NT + t, npos)
-    tl.store(wirow + I_NNAN * NT + t, nnan)
-    tl.store(wirow + I_NCAND * NT + t, nkeep)
-    return emax, elo
+    return nfin, nkeep, g
 
 
-@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab"])
+@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "topk_s", "seed_s", "off_s"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
     edits_ptr, stride_eb, bnd_ptr,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+    topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cand_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
+    OFF_T: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+    HAS_MINP: tl.constexpr, PURE_OK: tl.constexpr,
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr,
 ):
+    """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
+    8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
+    a sampling launch without CD), 3 words of draw partial instead of candidates. Pure rows pay
+    the Gumbel noise (hash + 2 logs) and x = xp / T on every lane here, which is what lets the
+    merge skip the second pass over the row that v2 needed for them."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lrow = logits_ptr + row * stride_lb
@@ -182,12 +245,47 @@ def _stats_kernel(
     beta = _param(beta_ptr, beta_s, row, BETA_T)
     tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
     c2 = LOG2E / tdiv
+    pure = tl.zeros([], tl.int1)
+    if PURE_OK:
+        k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
+        p = _param(topp_ptr, topp_s, row, TOPP_T)
+        minp = _param(minp_ptr, minp_s, row, MINP_T)
+        pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
-    for t in range(c * TPC, t_end):
+    if PURE_OK:
+        if pure:
+            # a row-uniform branch around its own loop, so the draw's registers and the
+            # candidates' are allocated apart (one loop holding both spilled under the 64 cap)
+            k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+            for t in range(c * TPC, t_end):
+                _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
+                             t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
+                             TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, False, True, R,
+                             True)
+        else:
+            _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+                       t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
+                       D0_EXP, HAS_REP, HAS_PF, CD, R)
+    else:
+        _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+                   t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
+                   D0_EXP, HAS_REP, HAS_PF, CD, R)
+
+
+@triton.jit
+def _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
+               rep, pres, freq, tdiv, c2, la, beta, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+               KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
+               HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr, R: tl.constexpr):
+    """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
+    candidates per block."""
+    zero = tl.zeros([], tl.uint32)
+    for t in range(t0, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, CD, True, R)
+                                 zero, zero, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF,
+                                 CD, True, R, False)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's

@@ -1,0 +1,147 @@
+"""The second read, spread over the grid: rows the merge could not finish from the candidates.
+
+v2 ran the exact fallback inside the merge program, one program per row; here a row whose kept
+set needs no threshold search (min-p alone, or pure temperature whose Gumbel winner the block
+partials did not prove) is finished by two launches after the merge:
+
+    _gather_kernel   grid (B, C)   reads the row's blocks once more, with the row's M known:
+                                   per block the exact draw partial of its kept tokens
+    _finish_kernel   grid (B,)     reduces the block partials in block order: token, logprob
+                                   (or Z_f for the distribution)
+
+Math per block t (x = fl(xp / T), M the row's max, kept = finite x >= HI with e^(x - M) >= min_p;
+HI = the row's min finite x here, i.e. every finite x):
+    zf_t = sum_{kept} e^(x - M)       best_t = max_{kept} fl(fl(x - M) + G_i), lowest id on ties
+Then Z_f = sum_t zf_t (a fixed tree over block indices), token = the best_t's token with the
+lowest id among equal scores, logprob = x_tok - M - log Z_f: the row pass of the fallback, in
+the same arithmetic per token, so the same token; Z_f is summed per block, so it is the same for
+any chunk count and batch. Rows the merge finished read only their token (or Z_f) here.
+The merge marks a handed-over row in its own outputs (token -2, or Z_f -1 with WRITE_PROBS) and
+writes its plan (M, Me, lmin) to rf; the launcher runs both launches only when a row of the call
+can have min-p without top-k / top-p.
+
+Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches are (B, C).
+"""
+import triton
+import triton.language as tl
+
+from .common import _bad_row, _gumbel, _param, _penalised_tile, _row_key
+
+# row plan the merge writes for every row (float32 [B, 4]; the hand-over itself is flagged in
+# the merge's outputs: token -2, or Z_f -1 for the distribution); block partials the gather
+# writes (float32 [B, 3, NT], int32 [B, 1, NT])
+R_M, R_ME, R_HI, R_LO = (tl.constexpr(i) for i in range(4))
+NR = tl.constexpr(4)
+HANDED = tl.constexpr(-2)
+Q_ZF, Q_S, Q_X = (tl.constexpr(i) for i in range(3))
+NQ = tl.constexpr(3)
+Q_ID = tl.constexpr(0)
+NQI = tl.constexpr(1)
+
+
+@triton.jit
+def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
+            WRITE_PROBS: tl.constexpr):
+    """Did the merge hand this row over (token -2, or Z_f -1 for the distribution)?"""
+    if WRITE_PROBS:
+        h = tl.load(sf_ptr + row * NS + S_ZF) < 0.0
+    else:
+        h = tl.load(tok_ptr + row) == HANDED
+    return h
+
+
+@triton.jit
+def _gather_block(lrow, erow, brow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI, minp,
+                  la, beta, me, k0, k1, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                  HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
+    """Block t's draw partial over its kept tokens (module docstring)."""
+    offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
+                                          TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                          arow, la, beta, me, CD, False)
+    x = xp / tdiv
+    e = tl.exp(x - M)
+    kept = inb & (x >= HI) & (x > float("-inf")) & (e >= minp)
+    score = tl.where(kept, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
+    ib = tl.argmax(score, 0, tie_break_left=True)
+    hit = tl.arange(0, TILE) == ib
+    tl.store(qf + Q_ZF * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
+    tl.store(qf + Q_S * NT + t, tl.max(score, axis=0))
+    tl.store(qf + Q_X * NT + t, tl.max(tl.where(hit, x, float("-inf")), axis=0))
+    tl.store(qi + Q_ID * NT + t, (t * TILE + ib).to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "seed_s", "off_s"])
+def _gather_kernel(
+    logits_ptr, stride_lb, V, NT, TPC,
+    edits_ptr, stride_eb, bnd_ptr,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s,
+    rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
+    S_ZF: tl.constexpr, NS: tl.constexpr,
+):
+    """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a row
+    the merge handed over (mode > 0): reads each of those blocks once (V * s bytes per row in
+    all, + V * s_a with CD, + its history edits) and writes 4 words per block; other rows read
+    only the merge's token (or Z_f)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
+        T = _param(temp_ptr, temp_s, row, TEMP_T)
+        rep = _param(rep_ptr, rep_s, row, REP_T)
+        pres = _param(pres_ptr, pres_s, row, PRES_T)
+        freq = _param(freq_ptr, freq_s, row, FREQ_T)
+        minp = tl.zeros([], tl.float32)
+        if HAS_MINP:
+            minp = _param(minp_ptr, minp_s, row, MINP_T)
+        la = _param(la_ptr, la_s, row, LA_T)
+        beta = _param(beta_ptr, beta_s, row, BETA_T)
+        tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
+        M = tl.load(rf_ptr + row * NR + R_M)
+        me = tl.load(rf_ptr + row * NR + R_ME)
+        HI = tl.load(rf_ptr + row * NR + R_HI)
+        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+        lrow = logits_ptr + row * stride_lb
+        arow = am_ptr + row * stride_ab
+        erow = edits_ptr + row * stride_eb
+        brow = bnd_ptr + row * 2 * NT
+        qf = qf_ptr + row * NQ * NT
+        qi = qi_ptr + row * NQI * NT
+        for t in range(c * TPC, tl.minimum(c * TPC + TPC, NT)):
+            _gather_block(lrow, erow, brow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
+                          HI, minp, la, beta, me, k0, k1, TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
+
+
+@triton.jit
+def _finish_kernel(
+    NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr,
+    S_TAU: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr,
+    WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr,
+):
+    """Grid (B,). For a handed-over row: reads its 4 words per block (no logits) and writes the
+    token and logprob, or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel."""
+    row = tl.program_id(0).to(tl.int64)
+    if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
+        tt = tl.arange(0, NT_P2)
+        tin = tt < NT
+        qf = qf_ptr + row * NQ * NT
+        M = tl.load(rf_ptr + row * NR + R_M)
+        z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
+        if WRITE_PROBS:
+            tl.store(sf_ptr + row * NS + S_ZF, z_f)
+            tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
+        else:
+            s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
+            id_t = tl.load(qi_ptr + row * NQI * NT + Q_ID * NT + tt, mask=tin, other=0)
+            best = tl.max(s_t, axis=0)
+            bid = tl.min(tl.where(tin & (s_t == best), id_t, 2147483647), axis=0)
+            bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bid),
+                                 tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf")),
+                                 float("-inf")), axis=0)
+            tl.store(tok_ptr + row, bid.to(tl.int64))
+            tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))

@@ -1,0 +1,284 @@
+"""Kernel v3 under the interpreter: pure temperature in one read (stage 1's per-block draw
+partials), its proof and its fallback, Gumbel noise of +inf, and per-row mixes; tokens equal to
+the torch twin's, logprobs close, the same at any chunk count, reads counted."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from test_kernel_v2 import LogitReads, _run, _twin_tokens
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+
+def _rows(V, g):
+    """Four row kinds: N(0, 3^2), flat with integer ties, power-law, and a row with -inf
+    (masked) tokens, including a whole masked 64-token block."""
+    x = torch.randn(4, V, generator=g) * 3
+    x[1] = torch.randint(0, 4, (V,), generator=g).float()  # flat, every value tied ~V/4 times
+    rank = torch.randperm(V, generator=g).float() + 1
+    x[2] = -1.1 * torch.log(rank) + 0.1 * torch.randn(V, generator=g)
+    x[3, 64:128] = float("-inf")
+    x[3, ::5] = float("-inf")
+    return x
+
+
+def test_pure_temperature_reads_once_and_matches_twin(monkeypatch):
+    g = torch.Generator().manual_seed(17)
+    V = 1000
+    x = _rows(V, g)
+    kw = dict(temperature=torch.tensor([1.0, 0.6, 1.3, 0.9]),
+              top_k=torch.tensor([0, V, 0, 2 * V]), top_p=1.0, min_p=0.0,
+              seed=torch.arange(4) + 5, offset=torch.tensor([0, 1, 2, 3]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, **kw)
+    assert reads.bytes == x.numel() * 4  # one read: no second pass for pure temperature
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    for chunks in (1, 5):
+        tok_c, lp_c = _run(x, tile=64, chunks=chunks, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    # a sub-batch gives the same rows bit for bit
+    r = torch.tensor([2, 0])
+    sub = {k: (v[r] if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    tok_s, lp_s = _run(x[r], tile=64, chunks=3, **sub)
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+def test_pure_temperature_many_seeds_bf16():
+    """Many draws per row (offsets 0..15) on bf16 logits: every token the twin's."""
+    g = torch.Generator().manual_seed(3)
+    V = 600
+    x = (torch.randn(1, V, generator=g) * 2).to(torch.bfloat16).expand(16, V).contiguous()
+    kw = dict(temperature=0.8, seed=11, offset=torch.arange(16))
+    tok, lp = _run(x, tile=64, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert len(set(tok.tolist())) > 4  # it does sample
+
+
+def test_pure_temperature_unproven_row_falls_back(monkeypatch):
+    """Logits near 1e6: the proof's slack 2^-20 (A + |M| + 64) ~ 2 exceeds the gaps between the
+    best Gumbel scores, so the merge cannot prove the winner and draws over the row: still the
+    twin's token. A row of ordinary logits in the same call stays proven."""
+    g = torch.Generator().manual_seed(5)
+    V = 640
+    x = torch.randn(2, V, generator=g)
+    x[0] = 1.0e6 + torch.randn(V, generator=g) * 2
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, seed=2, offset=torch.arange(2), temperature=1.0)
+    assert reads.bytes == x.numel() * 4 + V * 4  # row 0 once more, row 1 once
+    tw_tok, tw_lp = _twin_tokens(x, seed=2, offset=torch.arange(2), temperature=1.0)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_pure_temperature_near_float_max():
+    """x = fl(xp / T) finite but xp * fl(1 / T) = -inf (T = 0.058078576, xp = -1.9763114e37):
+    stage 1's approximate score is clamped at -FLT_MAX, so such tokens still score. Every token
+    of row 0 ties at M, so the draw is the Gumbel argmax over the whole row (without the clamp
+    stage 1 scored none of them and the merge 'proved' a block's first lane)."""
+    V = 640
+    x = torch.full((2, V), -1.9763114e37)
+    x[1, ::3] = float("-inf")
+    kw = dict(temperature=0.058078576, seed=torch.tensor([1, 2]), offset=0)
+    tok, lp = _run(x, tile=64, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def _seed_with_infinite_gumbel(V, want_two_in_block=None):
+    """A seed whose Gumbel noise is +inf (u rounds to 1.0) at some token id < V."""
+    from gpu_sampler import rng
+    ids = torch.arange(V)
+    for s in range(200000):
+        lo, hi = rng.row_keys(torch.tensor([s]), torch.tensor([0]))
+        hit = (rng.uniform(lo, hi, ids[None]) == 1.0)[0]
+        if hit.any():
+            return s, hit.nonzero()[:, 0]
+    raise AssertionError("no seed found")
+
+
+def test_infinite_gumbel_noise_wins():
+    """u = (2^24 - 1 + 0.5) 2^-24 rounds to 1.0 in fp32, so G = +inf for ~1 token in 2^24: that
+    token wins any kept draw. Kernel and twin agree (the proof's bound handles s2 = +inf)."""
+    V = 4096
+    s, where = _seed_with_infinite_gumbel(V)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, V, generator=g)
+    tok, lp = _run(x, tile=256, seed=s, offset=0, temperature=1.0)
+    tw_tok, _ = _twin_tokens(x, seed=s, offset=0, temperature=1.0)
+    assert tok.item() == tw_tok.item() == where.min().item()
+
+
+def test_per_row_mix_of_settings():
+    """One call with per-row tensors: greedy, pure temperature, top-p, top-k and min-p rows,
+    on flat and peaked rows: the twin's tokens, HF's distribution, chunk invariance."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(23)
+    V = 900
+    x = torch.randn(6, V, generator=g) * torch.tensor([3.0, 1.0, 3.0, 0.3, 2.0, 1.0])[:, None]
+    x[4, 7] = 14.0  # a confident row
+    kw = dict(temperature=torch.tensor([0.0, 1.0, 1.0, 0.7, 1.0, 1.2]),
+              top_k=torch.tensor([0, 0, 0, 50, 0, 0]),
+              top_p=torch.tensor([1.0, 1.0, 0.95, 1.0, 1.0, 0.9]),
+              min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.1]))
+    tok, lp = _run(x, tile=64, seed=torch.arange(6), offset=9, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(6), offset=9, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    tok1, lp1 = _run(x, tile=64, chunks=1, seed=torch.arange(6), offset=9, **kw)
+    assert torch.equal(tok1, tok) and torch.equal(lp1, lp)
+    assert_matches_hf(_run(x, tile=64, write_probs=True, **kw), x, "per-row mix", **kw)
+
+
+def test_min_p_makes_top_p_irrelevant(monkeypatch):
+    """top-p 0.95 with min-p 0.05 on N(0, 3^2) rows: the nucleus outgrows the candidates (v2
+    fell back to the row), but min-p's set, all candidates, holds less than p of the mass, so
+    the kept set is min-p's alone: one read (16 slots per 256-token block), the twin's tokens,
+    HF's distribution. A row where min-p's set holds more than p of the mass (a confident row)
+    still searches top-p."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(31)
+    V = 2048
+    x = torch.randn(3, V, generator=g) * 3
+    x[2, 5] = 30.0  # ~all the mass on one token: min-p's set is tiny, top-p decides
+    kw = dict(temperature=1.0, top_p=0.95, min_p=torch.tensor([0.05, 0.2, 0.05]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=256, cand=16, seed=torch.arange(3), offset=4, **kw)
+    assert reads.bytes == x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(3), offset=4, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert_matches_hf(_run(x, tile=256, cand=16, write_probs=True, **kw), x, "min-p over top-p",
+                      **kw)
+    # without min-p the same rows' nuclei outgrow the candidates: v2's fallback, counted
+    reads.bytes = 0
+    _run(x[:1], tile=256, cand=16, seed=0, offset=4, temperature=1.0, top_p=0.95)
+    assert reads.bytes > 1.5 * V * 4
+
+
+def test_dirty_blocks_are_reread_not_the_row(monkeypatch):
+    """Confident rows: a block holding a dominant token keeps only it as a candidate (its next
+    window holds the whole bulk), so its g_t lies above the top-k / top-p threshold. The merge
+    re-reads those few blocks (every token >= the bound) instead of the whole row: the twin's
+    tokens, HF's distribution, reads of 1 + (dirty blocks) / (blocks) passes. Includes a tie
+    group straddling the threshold inside a dirty block and a per-row k of 1 and 3."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(41)
+    V = 64 * 12
+    x = torch.randn(5, V, generator=g) * 1.5
+    x[:, 70] = 14.0   # block 1: one dominant token
+    x[:, 300] = 12.5  # block 4
+    x[3, 64:128] = torch.round(x[3, 64:128])  # ties in the dirty block at the cut-off
+    x[3, 70] = 14.0
+    # row 4: top-p alone at T 3, its nucleus reaching into the bulk behind the dominant token
+    kw = dict(temperature=torch.tensor([0.7, 1.0, 1.0, 0.7, 3.0]),
+              top_k=torch.tensor([20, 1, 3, 30, 0]),
+              top_p=torch.tensor([0.8, 1.0, 1.0, 0.99, 0.2]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=8, seed=torch.arange(5), offset=1, **kw)
+    assert x.numel() * 4 < reads.bytes < 1.3 * x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(5), offset=1, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    tok1, lp1 = _run(x, tile=64, cand=8, chunks=1, seed=torch.arange(5), offset=1, **kw)
+    assert torch.equal(tok1, tok) and torch.equal(lp1, lp)
+    assert_matches_hf(_run(x, tile=64, cand=8, write_probs=True, **kw), x, "dirty blocks", **kw)
+    # many offsets on one row: every draw the twin's (ties between re-read and clean tokens)
+    xs = x[:1].expand(12, V).contiguous()
+    kws = dict(temperature=0.7, top_k=20, top_p=0.8)
+    tok, _ = _run(xs, tile=64, cand=8, seed=5, offset=torch.arange(12), **kws)
+    tw_tok, _ = _twin_tokens(xs, seed=5, offset=torch.arange(12), **kws)
+    assert torch.equal(tok, tw_tok)
+
+
+class KernelReads:
+    """Bytes each kernel loads from one tensor, and the launches' grids (interpreter hooks)."""
+
+    def __init__(self, t, monkeypatch):
+        from triton.runtime import interpreter as ti
+        import numpy as np
+        lo = t.untyped_storage().data_ptr()
+        hi = lo + t.untyped_storage().nbytes()
+        self.bytes, self.grids, cur = {}, {}, ["?"]
+        load, call = ti.InterpreterBuilder.create_masked_load, ti.GridExecutor.__call__
+
+        def masked_load(b, ptrs, mask, other, cache_policy, is_volatile):
+            a = np.asarray(ptrs.data, dtype=np.uint64)
+            m = np.broadcast_to(np.asarray(mask.data, dtype=bool), a.shape)
+            n = int((m & (a >= lo) & (a < hi)).sum()) * t.element_size()
+            self.bytes[cur[0]] = self.bytes.get(cur[0], 0) + n
+            return load(b, ptrs, mask, other, cache_policy, is_volatile)
+
+        def run(ex, *args, **kwargs):
+            cur[0] = ex.fn.__name__
+            self.grids[cur[0]] = tuple(ex.grid)
+            return call(ex, *args, **kwargs)
+
+        monkeypatch.setattr(ti.InterpreterBuilder, "create_masked_load", masked_load)
+        monkeypatch.setattr(ti.GridExecutor, "__call__", run)
+
+
+def _second_rows(V, g):
+    """Rows whose min-p / pure draw the candidates cannot finish (8 slots per 64-token block):
+    flat N(0, 1), integer ties, -inf-heavy (a whole masked block), power-law; then a peaked
+    greedy row and a pure-temperature row."""
+    x = torch.randn(6, V, generator=g)
+    x[1] = torch.randint(0, 4, (V,), generator=g).float()
+    x[2, torch.rand(V, generator=g) < 0.8] = float("-inf")
+    x[2, 128:192] = float("-inf")
+    rank = torch.randperm(V, generator=g).float() + 1
+    x[3] = -1.1 * torch.log(rank) + 0.1 * torch.randn(V, generator=g)
+    x[4] *= 3
+    kw = dict(temperature=torch.tensor([1.0, 0.8, 1.3, 1.0, 0.0, 1.0]),
+              min_p=torch.tensor([0.05, 0.1, 0.02, 0.05, 0.0, 0.0]),
+              seed=torch.arange(6) + 3, offset=torch.tensor([0, 1, 2, 3, 4, 5]))
+    return x, kw
+
+
+def test_min_p_second_read_is_parallel(monkeypatch):
+    """Min-p alone on rows whose kept set outgrows the candidates: the merge reads no logits,
+    the second read is a (B, C) launch that reads exactly the handed-over rows once more, and
+    the tokens are the twin's, the same at any chunk count and on a sub-batch (odd V)."""
+    g = torch.Generator().manual_seed(57)
+    V = 4099
+    x, kw = _second_rows(V, g)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=8, **kw)
+    assert reads.bytes.get("_merge_kernel", 0) == 0
+    assert reads.grids["_gather_kernel"][1] > 1  # C programs per row
+    gathered = reads.bytes["_gather_kernel"]
+    assert gathered == 3 * V * 4  # rows 0-2, once each (the power-law row's set is stored)
+    assert reads.bytes["_stats_kernel"] == x.numel() * 4
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    for chunks in (1, 7):
+        tok_c, lp_c = _run(x, tile=64, cand=8, chunks=chunks, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    r = torch.tensor([3, 1, 5])
+    sub = {k: v[r] for k, v in kw.items()}
+    tok_s, lp_s = _run(x[r], tile=64, cand=8, chunks=3, **sub)
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+def test_min_p_second_read_distribution_and_bf16():
+    """The distribution of handed-over rows (Z_f from the second read) is HF's; bf16 logits
+    with many offsets draw the twin's tokens."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(58)
+    V = 1031
+    x, kw = _second_rows(V, g)
+    kw = {k: v for k, v in kw.items() if k in ("temperature", "min_p")}
+    assert_matches_hf(_run(x, tile=64, cand=8, write_probs=True, **kw), x, "second read", **kw)
+    xb = x[:1].to(torch.bfloat16).expand(8, V).contiguous()
+    kwb = dict(temperature=1.0, min_p=0.05, seed=4, offset=torch.arange(8))
+    tok, lp = _run(xb, tile=64, cand=8, **kwb)
+    tw_tok, tw_lp = _twin_tokens(xb, **kwb)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert len(set(tok.tolist())) > 3
