@@ -61,16 +61,6 @@ def cd_given(value, default):
     return isinstance(value, torch.Tensor) or value != default
 
 
-def _log_alpha(alpha):
-    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors), NaN where
-    cd_alpha is outside [0, 1]: the kernels' rule (kernels/sampling.py), the row is invalid."""
-    if isinstance(alpha, torch.Tensor):
-        return torch.where((alpha >= 0) & (alpha <= 1), torch.log(alpha), float("nan"))
-    if not 0.0 <= alpha <= 1.0:
-        return float("nan")
-    return torch.log(torch.tensor(alpha, dtype=torch.float32)).item()
-
-
 def _row_col(v):
     return v[:, None] if isinstance(v, torch.Tensor) else v
 
@@ -87,7 +77,7 @@ def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_b
     a = amateur_logits.to(torch.float32)
     ninf = float("-inf")
     M = e.amax(1, keepdim=True)  # NaN when the row has one: the row is invalid anyway
-    head = (e - M) >= _row_col(_log_alpha(cd_alpha))
+    head = (e - M) >= _row_col(params.log_alpha(cd_alpha))
     # Only cd_alpha = 0 (log = -inf also admits e = -inf) and M = +inf (inf - inf = NaN) need
     # the full rule; the common case is the two ops above.
     if isinstance(cd_alpha, torch.Tensor) or cd_alpha == 0 or bool((M == float("inf")).any()):

@@ -365,3 +365,14 @@ def check_top_n(top_logprobs, logprobs_mode):
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
                          f"{logprobs_mode!r}")
     return top_logprobs
+
+
+def log_alpha(cd_alpha):
+    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors), NaN where
+    cd_alpha is outside [0, 1], which makes the row invalid: the twin's and the kernels' rule."""
+    if isinstance(cd_alpha, torch.Tensor):
+        ok = (cd_alpha >= 0) & (cd_alpha <= 1)
+        return torch.where(ok, torch.log(cd_alpha), float("nan")).contiguous()
+    if not 0.0 <= cd_alpha <= 1.0:
+        return float("nan")
+    return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import _next_pow2, _splitmix64, _uniform
+from .common import _splitmix64, _uniform
+from .launch import next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
 BIG_ID = tl.constexpr(1 << 62)
@@ -199,7 +200,7 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
     dev = logits.device
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     if tile is None:
-        tile = min(_next_pow2(V), 256 if interp else 1024)
+        tile = min(next_pow2(V), 256 if interp else 1024)
     tile = max(16, tile)
     has_cand = candidates is not None
     cand = candidates.contiguous() if has_cand else logits
@@ -221,9 +222,9 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
         float(repetition_penalty), float(temperature),
         seed if has_noise else logits, int(offset),
         vals, keys, toks, k,
-        K=k, KP=_next_pow2(max(k, 2)),
+        K=k, KP=next_pow2(max(k, 2)),
         NORMALIZE=normalize, HAS_CAND=has_cand, HAS_REP=has_rep, HAS_NOISE=has_noise,
-        TILE=tile, L_BLOCK=min(max(16, _next_pow2(L)), 1024),
+        TILE=tile, L_BLOCK=min(max(16, next_pow2(L)), 1024),
         num_warps=num_warps or (8 if tile >= 1024 else 4),
     )
     return vals, keys, toks
@@ -239,7 +240,7 @@ def compile_beam_step(arch=90, num_warps=8, K=8, **flags):
 
     ptrs = {"logits_ptr": "*fp32", "cand_ptr": "*fp32", "ids_ptr": "*i64", "seed_ptr": "*i64",
             "val_ptr": "*fp32", "key_ptr": "*fp32", "tok_ptr": "*i64"}
-    consts = dict(K=K, KP=_next_pow2(max(K, 2)), TILE=1024, L_BLOCK=128, NORMALIZE=True,
+    consts = dict(K=K, KP=next_pow2(max(K, 2)), TILE=1024, L_BLOCK=128, NORMALIZE=True,
                   HAS_CAND=True, HAS_REP=True, HAS_NOISE=True)
     consts.update(flags)
     sig, constexprs = {}, {}

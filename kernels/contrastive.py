@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _cd_scores
-from .sampling import _log_alpha, _next_pow2, _param, _split
+from .common import _cd_scores, _param
+from .launch import log_alpha, next_pow2, split_param
 
 
 @triton.jit
@@ -70,13 +70,13 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=0.1, cd_beta=0.5, til
         amateur_logits = amateur_logits.contiguous()
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     if tile is None:
-        tile = min(_next_pow2(V), 2048 if interp else 1024)
+        tile = min(next_pow2(V), 2048 if interp else 1024)
     tile = max(16, tile)
     if num_warps is None:
         num_warps = 8 if tile >= 1024 else 4
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
-    la_p, la_s, la_t = _split(_log_alpha(cd_alpha), logits)
-    beta_p, beta_s, beta_t = _split(cd_beta, logits)
+    la_p, la_s, la_t = split_param(log_alpha(cd_alpha), logits)
+    beta_p, beta_s, beta_t = split_param(cd_beta, logits)
     extra = {} if interp else {"enable_fp_fusion": False}  # no FMA: the twin rounds each op
     _contrastive_scores_kernel[(B,)](
         logits, logits.stride(0), amateur_logits, amateur_logits.stride(0), out, out.stride(0), V,

@@ -24,8 +24,8 @@ import os
 import torch
 import triton
 
-from .common import _fmix32, _key, _param, _splitmix64, _uniform, _unkey  # noqa: F401 (re-exported)
 from .history import _bucket_history_kernel
+from .launch import log_alpha, next_pow2, split_param
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
@@ -42,30 +42,9 @@ MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 r
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
 
-def _next_pow2(n):
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def _alloc(shape, dtype, device):
     """Output allocation; tests swap it for poisoned buffers with guard bands."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _split(value, dummy):
-    """(pointer tensor, scalar, is_tensor) for a number-or-(B,) parameter."""
-    if isinstance(value, torch.Tensor):
-        return value.contiguous(), 0, True
-    return dummy, value, False
-
-
-def _log_alpha(cd_alpha):
-    """log(cd_alpha) as float32, NaN where cd_alpha is outside [0, 1] (an invalid row)."""
-    if isinstance(cd_alpha, torch.Tensor):
-        ok = (cd_alpha >= 0) & (cd_alpha <= 1)
-        return torch.where(ok, torch.log(cd_alpha), float("nan")).contiguous()
-    if not 0.0 <= cd_alpha <= 1.0:
-        return float("nan")
-    return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()
 
 
 def _regs(n):
@@ -101,15 +80,15 @@ def plan(B, V, *, tile=None, chunks=None, cand=None, slots=STATS_SLOTS):
 def _plan(B, V, tile, chunks, cand, slots):
     # Cached: a decode loop asks for the same (B, V) every step, and the host time of a call
     # is what a small batch pays (the kernels at B = 1 are tens of microseconds).
-    tile = max(16, min(1024, _next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
+    tile = max(16, min(1024, next_pow2(V) if tile is None else int(tile)))  # counts fit 11 bits
     nt = _cdiv(V, tile)
-    kt = cand if cand is not None else min(tile, max(64, _next_pow2(_cdiv(MIN_CAPACITY, nt))))
+    kt = cand if cand is not None else min(tile, max(64, next_pow2(_cdiv(MIN_CAPACITY, nt))))
     c = chunks if chunks is not None else _chunks(max(B, 1), nt, slots)
     c = max(1, min(int(c), nt))
     tpc = _cdiv(nt, c)
     c = _cdiv(nt, tpc)
-    cb = max(kt, min(1024, _next_pow2(nt * kt)))
-    return tuple(dict(TILE=tile, NT=nt, NT_P2=max(2, _next_pow2(nt)), KT=kt, CB=cb, C=c,
+    cb = max(kt, min(1024, next_pow2(nt * kt)))
+    return tuple(dict(TILE=tile, NT=nt, NT_P2=max(2, next_pow2(nt)), KT=kt, CB=cb, C=c,
                       TPC=tpc).items())
 
 
@@ -168,8 +147,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     dummy = logits
     if cd:
         am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
-        la_p, la_s, la_t = _split(_log_alpha(cd_alpha), dummy)
-        beta_p, beta_s, beta_t = _split(cd_beta, dummy)
+        la_p, la_s, la_t = split_param(log_alpha(cd_alpha), dummy)
+        beta_p, beta_s, beta_t = split_param(cd_beta, dummy)
         wc = _workspace((B, 2, NT), torch.float32, dev)
     else:
         am, la_p, la_s, la_t, beta_p, beta_s, beta_t, wc = dummy, dummy, 0.0, False, dummy, 0.0, \
@@ -181,7 +160,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     args, flags = [], []
     for v in (prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p, min_p,
               repetition_penalty, presence_penalty, frequency_penalty, seed, offset):
-        ptr, s, is_t = _split(v, dummy)
+        ptr, s, is_t = split_param(v, dummy)
         args += [ptr, s]
         flags.append(is_t)
     (plen_p, plen_s, temp_p, temp_s, topk_p, topk_s, topp_p, topp_s, minp_p, minp_s,
@@ -193,7 +172,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if has_rep or has_pf:
         ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
         L = ids.shape[1]
-        e_block = max(32, min(256, _next_pow2(_cdiv(L, NT))))  # ~ one block's edits
+        e_block = max(32, min(256, next_pow2(_cdiv(L, NT))))  # ~ one block's edits
         edits = _workspace((B, L), torch.int32, dev)
         bnd = _workspace((B, 2, NT), torch.int32, dev)
         _bucket_history_kernel[(B,)](
