@@ -18,8 +18,10 @@ C (chunks per row) only changes which program handles which block: every partial
 and merged in block order, so tokens and logprobs are bit-identical for any C and any batch.
 See kernels/README.md for the bounds, the pass counts and the bytes.
 """
+import dataclasses
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -92,6 +94,178 @@ def _plan(B, V, tile, chunks, cand, slots):
                       TPC=tpc).items())
 
 
+class _Param(NamedTuple):
+    """A number-or-(B,) parameter as the kernels take it: a pointer read only when IS_TENSOR
+    (``t``), else the scalar ``s``."""
+    ptr: torch.Tensor
+    s: object
+    t: bool
+
+    def pair(self):
+        return self.ptr, self.s
+
+
+# The parameters in the order of their IS_TENSOR flags, each with its scalar type.
+_PARAMS = (("plen", int), ("temp", float), ("topk", int), ("topp", float), ("minp", float),
+           ("rep", float), ("pres", float), ("freq", float), ("seed", int), ("off", int))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What the launches of one fused_sample call share."""
+    logits: torch.Tensor
+    g: dict                 # plan(): TILE, NT, NT_P2, KT, CB, C, TPC
+    p: dict                 # name -> _Param (see _PARAMS)
+    hist: tuple             # (edits, stride_eb, bnd): the bucketed history, or dummies
+    cdargs: tuple           # contrastive arguments (dummies without amateur logits)
+    wc: torch.Tensor        # contrastive per-block workspace
+    const: dict             # constexprs and compile options every sampling launch takes
+    modes: dict             # HAS_TOPK / HAS_TOPP / HAS_MINP
+    pure_ok: bool           # a row can be pure temperature: stage 1 writes draw partials
+    second: bool            # a row can take the second read (kernels/second.py)
+    wide: bool              # the 72-register stage-1 variant
+    num_warps: int
+
+    def flags(self, *names):
+        """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
+        return {f"{n.upper()}_T": self.p[n].t for n in names}
+
+
+def _modes(logits, temperature, top_k, top_p, min_p, input_ids, rep, pres, freq, write_probs,
+           cd):
+    """Which code paths this call can need, from the Python scalars alone (a tensor
+    parameter may hold anything): (has_rep, has_pf, pure_ok, second, wide, modes)."""
+    V = logits.shape[1]
+    on = lambda v: isinstance(v, torch.Tensor)  # noqa: E731
+    has_hist = input_ids is not None and input_ids.shape[1] > 0
+    has_rep = has_hist and (on(rep) or rep != 1.0)
+    has_pf = has_hist and (on(pres) or on(freq) or pres != 0.0 or freq != 0.0)
+    no_k, no_p = (on(top_k) or not 0 < top_k < V), (on(top_p) or top_p >= 1.0)
+    hot = on(temperature) or temperature > 0
+    # Can a row be pure temperature (kernels/common.py _pure_row)? A scalar top-k in (0, V),
+    # top-p < 1, min-p > 0 or T == 0 rules it out for every row, and then stage 1 and the
+    # merge compile without the pure path (the tuned case's code is v2's).
+    pure_ok = no_k and no_p and (on(min_p) or min_p <= 0.0) and hot \
+        and not write_probs and not cd  # stage 1 writes draw partials
+    # Can a row need the second read (min-p and no top-k / top-p, T > 0)? Then the merge hands
+    # such rows over and two more launches, both over the whole grid, finish them. A launch
+    # with no min-p anywhere does not pay for them: its only such rows are pure rows whose
+    # winner the merge could not prove (logits ~1e6, kernels/README.md), which keep the
+    # merge's row pass.
+    second = no_k and no_p and hot and (on(min_p) or min_p > 0.0)
+    wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
+    modes = dict(HAS_TOPK=on(top_k) or 0 < top_k < V, HAS_TOPP=on(top_p) or top_p < 1.0,
+                 HAS_MINP=on(min_p) or min_p > 0.0)
+    return has_rep, has_pf, pure_ok, second, wide, modes
+
+
+def _contrastive(logits, amateur_logits, cd_alpha, cd_beta, NT):
+    """(cdargs, wc, constexprs) for contrastive scores inside the launches, or dummies."""
+    B, dev = logits.shape[0], logits.device
+    cd = amateur_logits is not None
+    if cd:
+        am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
+        la_p, la_s, la_t = split_param(log_alpha(cd_alpha), logits)
+        beta_p, beta_s, beta_t = split_param(cd_beta, logits)
+        wc = _workspace((B, 2, NT), torch.float32, dev)
+    else:
+        am, la_p, la_s, la_t, beta_p, beta_s, beta_t, wc = logits, logits, 0.0, False, logits, \
+            0.0, False, logits
+    cdargs = (am, am.stride(0), la_p, float(la_s), beta_p, float(beta_s))
+    const = dict(LA_T=la_t, BETA_T=beta_t, CD=cd)
+    if cd and os.environ.get("TRITON_INTERPRET") != "1":
+        const["enable_fp_fusion"] = False  # no FMA: the twin rounds (1 + b) e and b a apart
+    return cdargs, wc, const
+
+
+def _params(values, dummy):
+    """name -> _Param for the number-or-(B,) parameters, scalars in their kernel type."""
+    out = {}
+    for (name, kind), v in zip(_PARAMS, values):
+        ptr, s, t = split_param(v, dummy)
+        out[name] = _Param(ptr, kind(s), t)
+    return out
+
+
+def _history(logits, input_ids, p, g, needed):
+    """(edits, stride_eb, bnd, E_BLOCK): the history bucketed by vocabulary block (one small
+    launch), or dummies when no penalty reads it."""
+    if not needed:
+        return logits, 0, logits, 32
+    B, NT, dev = logits.shape[0], g["NT"], logits.device
+    ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
+    L = ids.shape[1]
+    e_block = max(32, min(256, next_pow2(_cdiv(L, NT))))  # ~ one block's edits
+    edits = _workspace((B, L), torch.int32, dev)
+    bnd = _workspace((B, 2, NT), torch.int32, dev)
+    _bucket_history_kernel[(B,)](
+        ids, ids.stride(0), L, *p["plen"].pair(), edits, bnd, NT, PLEN_T=p["plen"].t,
+        TILE=g["TILE"], L_BLOCK=256 if L <= 2048 else 1024, NT_P2=g["NT_P2"], num_warps=8)
+    return edits, L, bnd, e_block
+
+
+def _penalty_args(c):
+    return (*c.p["temp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair())
+
+
+def _launch_stats(c, wf, wi, cand):
+    """Stage 1 (kernels/stats.py), grid (B, C): the one read of the logits."""
+    g, L = c.g, c.logits
+    # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
+    _stats_kernel[(L.shape[0], g["C"])](
+        L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
+        *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["seed"].pair(),
+        *c.p["off"].pair(), wf, wi, cand, *c.cdargs, c.wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
+        num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
+        **_regs(STATS_REGS_PF if c.wide else STATS_REGS),
+        **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
+        **c.const)
+
+
+def _launch_merge(c, work, out, write_probs, npiv, max_rounds):
+    """The merge (kernels/merge.py), grid (B,): thresholds, draw, logprob, exact fallback."""
+    g, L = c.g, c.logits
+    warps = 8 if g["TILE"] >= 1024 else 4
+    _merge_kernel[(L.shape[0],)](
+        L, L.stride(0), L.shape[1], g["NT"], *c.hist, *c.p["temp"].pair(),
+        *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["rep"].pair(),
+        *c.p["pres"].pair(), *c.p["freq"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(),
+        *work, *out, *c.cdargs, c.wc,
+        **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes,
+        WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second,
+        KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
+        NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
+        num_warps=warps, R=min(g["TILE"], 32 * warps), **_regs(MERGE_REGS), **c.const)
+
+
+def _launch_second(c, rf, tok, logp, sf, write_probs):
+    """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,)."""
+    g, L = c.g, c.logits
+    B, dev = L.shape[0], L.device
+    qf = _workspace((B, NQ.value, g["NT"]), torch.float32, dev)
+    qi = _workspace((B, NQI.value, g["NT"]), torch.int32, dev)
+    _gather_kernel[(B, g["C"])](
+        L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
+        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), rf, tok, sf, qf, qi,
+        *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
+    _finish_kernel[(B,)](
+        g["NT"], rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
+        WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
+
+
+def _launch_probs(c, sf, si):
+    """sampling_distribution's rows (kernels/merge.py _write_probs_kernel), grid (B, C)."""
+    g, L = c.g, c.logits
+    probs = _alloc(tuple(L.shape), torch.float32, L.device)
+    _write_probs_kernel[(L.shape[0], g["C"])](
+        L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *c.p["temp"].pair(),
+        *c.p["minp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair(),
+        sf, si, probs, probs.stride(0), *c.cdargs, **c.flags("minp"),
+        HAS_MINP=c.modes["HAS_MINP"], num_warps=c.num_warps, **c.const)
+    return probs
+
+
 def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
@@ -109,144 +283,39 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     ``tile`` (statistics block), ``chunks`` (programs per row in stage 1) and ``cand``
     (candidate slots per block) change the geometry, never the result (tests force them).
     """
-    B, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    dev = logits.device
-
-    def on(v):
-        return isinstance(v, torch.Tensor)
-
-    has_hist = input_ids is not None and input_ids.shape[1] > 0
-    has_rep = has_hist and (on(repetition_penalty) or repetition_penalty != 1.0)
-    has_pf = has_hist and (on(presence_penalty) or on(frequency_penalty)
-                           or presence_penalty != 0.0 or frequency_penalty != 0.0)
-    cd = amateur_logits is not None
-    # Can a row be pure temperature (kernels/common.py _pure_row)? Decided from the Python
-    # scalars alone (a tensor parameter may hold anything): a scalar top-k in (0, V), top-p < 1,
-    # min-p > 0 or T == 0 rules it out for every row, and then stage 1 and the merge compile
-    # without the pure path (the tuned case's code is v2's).
-    pure_possible = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
-                     and (on(min_p) or min_p <= 0.0) and (on(temperature) or temperature > 0))
-    pure_ok = pure_possible and not write_probs and not cd  # stage 1 writes draw partials
-    # Can a row need the second read (kernels/second.py: min-p and no top-k / top-p, T > 0)?
-    # Then the merge hands such rows over and two more launches, both over the whole grid,
-    # finish them. A launch with no min-p anywhere does not pay for them: its only such rows are
-    # pure rows whose winner the merge could not prove (logits ~1e6, kernels/README.md), which
-    # keep the merge's row pass.
-    second = ((on(top_k) or not 0 < top_k < V) and (on(top_p) or top_p >= 1.0)
-              and (on(temperature) or temperature > 0) and (on(min_p) or min_p > 0.0))
-    wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
+    (B, V), dev = logits.shape, logits.device
+    has_rep, has_pf, pure_ok, second, wide, modes = _modes(
+        logits, temperature, top_k, top_p, min_p, input_ids, repetition_penalty,
+        presence_penalty, frequency_penalty, write_probs, amateur_logits is not None)
     g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
              slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
-    TILE, NT = g["TILE"], g["NT"]
-    has_topk = on(top_k) or 0 < top_k < V
-    has_topp = on(top_p) or top_p < 1.0
-    has_minp = on(min_p) or min_p > 0.0
-
-    dummy = logits
-    if cd:
-        am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
-        la_p, la_s, la_t = split_param(log_alpha(cd_alpha), dummy)
-        beta_p, beta_s, beta_t = split_param(cd_beta, dummy)
-        wc = _workspace((B, 2, NT), torch.float32, dev)
-    else:
-        am, la_p, la_s, la_t, beta_p, beta_s, beta_t, wc = dummy, dummy, 0.0, False, dummy, 0.0, \
-            False, dummy
-    cdargs = (am, am.stride(0), la_p, float(la_s), beta_p, float(beta_s))
-    cdflags = dict(LA_T=la_t, BETA_T=beta_t, CD=cd)
-    # no FMA with CD: the twin rounds (1 + beta) * e and beta * a separately
-    extra = {"enable_fp_fusion": False} if cd and os.environ.get("TRITON_INTERPRET") != "1" else {}
-    args, flags = [], []
-    for v in (prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p, min_p,
-              repetition_penalty, presence_penalty, frequency_penalty, seed, offset):
-        ptr, s, is_t = split_param(v, dummy)
-        args += [ptr, s]
-        flags.append(is_t)
-    (plen_p, plen_s, temp_p, temp_s, topk_p, topk_s, topp_p, topp_s, minp_p, minp_s,
-     rep_p, rep_s, pres_p, pres_s, freq_p, freq_s, seed_p, seed_s, off_p, off_s) = args
-    temp_s, topp_s, minp_s = float(temp_s), float(topp_s), float(minp_s)
-    rep_s, pres_s, freq_s = float(rep_s), float(pres_s), float(freq_s)
-
-    e_block = 32
-    if has_rep or has_pf:
-        ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
-        L = ids.shape[1]
-        e_block = max(32, min(256, next_pow2(_cdiv(L, NT))))  # ~ one block's edits
-        edits = _workspace((B, L), torch.int32, dev)
-        bnd = _workspace((B, 2, NT), torch.int32, dev)
-        _bucket_history_kernel[(B,)](
-            ids, ids.stride(0), L, plen_p, int(plen_s), edits, bnd, NT,
-            PLEN_T=flags[0], TILE=TILE, L_BLOCK=256 if L <= 2048 else 1024,
-            NT_P2=g["NT_P2"], num_warps=8)
-        stride_eb = L
-    else:
-        edits = bnd = dummy
-        stride_eb = 0
-
-    wf = _workspace((B, NF.value, NT), torch.float32, dev)
-    wi = _workspace((B, NI.value, NT), torch.int32, dev)
-    cand = _workspace((B, NT, g["KT"]), torch.int64, dev)
-    xs = _workspace((B, NT * g["KT"]), torch.float32, dev)
-    xi = _workspace((B, NT * g["KT"]), torch.int32, dev)
-    if num_warps is None:
-        num_warps = 4  # stage 1: small programs, 8 resident per SM at <= 64 registers
-    common = dict(TEMP_T=flags[1], REP_T=flags[5], PRES_T=flags[6], FREQ_T=flags[7],
-                  HAS_REP=has_rep, HAS_PF=has_pf, TILE=TILE, E_BLOCK=e_block)
-    # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
-    _stats_kernel[(B, g["C"])](
-        logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
-        temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s, seed_p, int(seed_s), off_p,
-        int(off_s), wf, wi, cand, *cdargs, wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
-        num_warps=num_warps, R=min(TILE, 32 * num_warps),
-        **_regs(STATS_REGS_PF if wide else STATS_REGS),
-        TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
-        HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp,
-        PURE_OK=pure_ok, **cdflags, **common, **extra)
-
+    cdargs, wc, cd_const = _contrastive(logits, amateur_logits, cd_alpha, cd_beta, g["NT"])
+    p = _params((prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p,
+                 min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, offset),
+                logits)
+    *hist, e_block = _history(logits, input_ids, p, g, has_rep or has_pf)
+    const = dict(TEMP_T=p["temp"].t, REP_T=p["rep"].t, PRES_T=p["pres"].t, FREQ_T=p["freq"].t,
+                 HAS_REP=has_rep, HAS_PF=has_pf, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
+    # stage 1: small programs, 8 resident per SM at <= 64 registers
+    c = _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, wide,
+              4 if num_warps is None else num_warps)
+    NT, KT = g["NT"], g["KT"]
+    work = (_workspace((B, NF.value, NT), torch.float32, dev),
+            _workspace((B, NI.value, NT), torch.int32, dev),
+            _workspace((B, NT, KT), torch.int64, dev))
+    _launch_stats(c, *work)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
         si = _workspace((B, 2), torch.int32, dev)
         tok = logp = sf  # not written in this mode
     else:
-        tok = _alloc((B,), torch.int64, dev)
-        logp = _alloc((B,), torch.float32, dev)
+        tok, logp = _alloc((B,), torch.int64, dev), _alloc((B,), torch.float32, dev)
         sf = si = tok
-    rf = _workspace((B, NR.value), torch.float32, dev) if second else dummy
-    merge_warps = 8 if TILE >= 1024 else 4
-    _merge_kernel[(B,)](
-        logits, logits.stride(0), V, NT, edits, stride_eb, bnd,
-        temp_p, temp_s, topk_p, int(topk_s), topp_p, topp_s, minp_p, minp_s,
-        rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        seed_p, int(seed_s), off_p, int(off_s),
-        wf, wi, cand, xs, xi, tok, logp, sf, si, rf, *cdargs, wc,
-        TOPK_T=flags[2], TOPP_T=flags[3], MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9],
-        HAS_TOPK=has_topk, HAS_TOPP=has_topp, HAS_MINP=has_minp, WRITE_PROBS=write_probs,
-        PURE_OK=pure_ok, SECOND=second,
-        KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
-        NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
-        num_warps=merge_warps, R=min(TILE, 32 * merge_warps), **_regs(MERGE_REGS), **cdflags,
-        **common, **extra)
+    rf = _workspace((B, NR.value), torch.float32, dev) if second else logits
+    xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
+    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds)
     if second:
-        qf = _workspace((B, NQ.value, NT), torch.float32, dev)
-        qi = _workspace((B, NQI.value, NT), torch.int32, dev)
-        _gather_kernel[(B, g["C"])](
-            logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
-            temp_p, temp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s, minp_p, minp_s,
-            seed_p, int(seed_s), off_p, int(off_s), rf, tok, sf, qf, qi, *cdargs,
-            MINP_T=flags[4], SEED_T=flags[8], OFF_T=flags[9], HAS_MINP=has_minp,
-            WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=num_warps, **cdflags, **common,
-            **extra)
-        _finish_kernel[(B,)](
-            NT, rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
-            WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
-    if not write_probs:
-        return tok, logp
-    probs = _alloc((B, V), torch.float32, dev)
-    _write_probs_kernel[(B, g["C"])](
-        logits, logits.stride(0), V, NT, g["TPC"], edits, stride_eb, bnd,
-        temp_p, temp_s, minp_p, minp_s, rep_p, rep_s, pres_p, pres_s, freq_p, freq_s,
-        sf, si, probs, probs.stride(0), *cdargs, MINP_T=flags[4], HAS_MINP=has_minp,
-        num_warps=num_warps, **cdflags, **common, **extra)
-    return probs
+        _launch_second(c, rf, tok, logp, sf, write_probs)
+    return _launch_probs(c, sf, si) if write_probs else (tok, logp)

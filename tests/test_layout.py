@@ -12,6 +12,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "gpu_sampler"
 MODULES = sorted(p for p in PKG.rglob("*.py"))
+KERNEL_MODULES = sorted((PKG.parent / "kernels").glob("*.py"))
 MAX_LINES = 80
 
 
@@ -124,6 +125,21 @@ def test_functions_fit_one_screen(path):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
             and _code_lines(fn, lines) > MAX_LINES]
     assert not long, f"functions over {MAX_LINES} lines of code: {long}"
+
+
+def _jit(fn):
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+@pytest.mark.parametrize("path", KERNEL_MODULES, ids=lambda p: p.name)
+def test_launchers_fit_one_screen(path):
+    # Host code (launchers, plans, compile drivers); @triton.jit bodies are one program each.
+    source = path.read_text()
+    lines = source.splitlines()
+    long = [(fn.name, _code_lines(fn, lines)) for fn in ast.walk(ast.parse(source))
+            if isinstance(fn, ast.FunctionDef) and not _jit(fn)
+            and _code_lines(fn, lines) > MAX_LINES]
+    assert not long, f"host functions over {MAX_LINES} lines of code: {long}"
 
 
 def test_import_does_not_load_transformers():
