@@ -522,6 +522,32 @@ TORCH_SIDE_CASES = {
 }
 
 
+def test_suppress_tokens_keep_the_fused_step(monkeypatch):
+    # suppress_tokens / begin_suppress_tokens are -inf masks: they commute with the penalty,
+    # so the repetition penalty and the warpers stay in sample() (not run in torch), and the
+    # processed scores are still transformers'.
+    model = tiny_model("llama", seed=29)
+    ids, mask = _prompts([6, 3], _seed())
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=20, top_p=0.9,
+              temperature=0.8, repetition_penalty=1.4, suppress_tokens=[5, 6, 7],
+              begin_suppress_tokens=[8, 9], return_dict_in_generate=True, output_scores=True)
+    seen = []
+    real = gpu_sampler.hf.generation.sample
+
+    def spy(*a, **k):
+        seen.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(gpu_sampler.hf.generation, "sample", spy)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, seed=3, **kw)
+    assert seen and all(k["repetition_penalty"] == 1.4 and k["top_k"] == 20 for k in seen)
+    torch.testing.assert_close(out.scores[0], ref.scores[0], atol=1e-5, rtol=0)
+    L = ids.shape[1]
+    assert not bool(torch.isin(out.sequences[:, L:], torch.tensor([5, 6, 7])).any())
+    assert not bool(torch.isin(out.sequences[:, L], torch.tensor([8, 9])).any())
+
+
 @pytest.mark.parametrize("case", list(TORCH_SIDE_CASES))
 def test_other_transformers_processors_match_hf(case):
     """Processors without a fused twin run as transformers' own, in transformers' order."""

@@ -7,7 +7,8 @@ from .cache import StaticKVCache
 # Pure -inf masks: they commute with the repetition penalty and the log-softmax shift (a
 # masked -inf stays -inf), so they can run in torch before a fused step.
 MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
-         lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor)
+         lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor,
+         lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor)
 
 
 def is_in(obj, items):

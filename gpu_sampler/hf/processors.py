@@ -24,8 +24,7 @@ _UNSUPPORTED_PROCESSORS = {
 # warper behind them is not fused, so the order stays transformers').
 _TORCH_ONLY = (lp.InfNanRemoveLogitsProcessor, lp.SequenceBiasLogitsProcessor,
                lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
-               lp.TopHLogitsWarper, lp.SuppressTokensLogitsProcessor,
-               lp.SuppressTokensAtBeginLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor,
+               lp.TopHLogitsWarper, lp.ForcedBOSTokenLogitsProcessor,
                lp.ForcedEOSTokenLogitsProcessor, lp.ExponentialDecayLengthPenalty,
                lp.LogitNormalization, lp.WatermarkLogitsProcessor,
                lp.SynthIDTextWatermarkLogitsProcessor)
