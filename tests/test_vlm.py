@@ -12,13 +12,13 @@ from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
 from tests import vlm_models
 
-FAMILIES = ("llava",)
+FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "paligemma", "idefics3", "smolvlm")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request):
     model, inputs = getattr(vlm_models, request.param)()
-    return model, inputs
+    return model, inputs, request.param
 
 
 def _same(a, b, path="output"):
@@ -43,19 +43,19 @@ def _both(model, inputs, **kw):
 
 
 def test_greedy_matches_transformers(family):
-    model, inputs = family
+    model, inputs, _ = family
     ref, out = _both(model, inputs, max_new_tokens=8, do_sample=False)
     assert torch.equal(out, ref)
 
 
 def test_greedy_without_cache(family):
-    model, inputs = family
+    model, inputs, _ = family
     ref, out = _both(model, inputs, max_new_tokens=4, do_sample=False, use_cache=False)
     assert torch.equal(out, ref)
 
 
 def test_return_dict_field_by_field(family):
-    model, inputs = family
+    model, inputs, _ = family
     kw = dict(max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
               output_scores=True, output_logits=True, output_hidden_states=True,
               repetition_penalty=1.2)
@@ -77,7 +77,7 @@ class _StopAfter(StoppingCriteria):
 
 
 def test_stopping_criteria_and_eos(family):
-    model, inputs = family
+    model, inputs, _ = family
     free = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     L = inputs["input_ids"].shape[1]
     stop_tok, eos_tok = int(free[0, L + 2]), int(free[1, L + 1])
@@ -90,7 +90,7 @@ def test_stopping_criteria_and_eos(family):
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_beam_search_matches_transformers(family, do_sample):
-    model, inputs = family
+    model, inputs, _ = family
     kw = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2,
               return_dict_in_generate=True, output_scores=True)
     if do_sample:
@@ -106,7 +106,7 @@ def test_beam_search_matches_transformers(family, do_sample):
 
 
 def test_sampling_seed_reproducible(family):
-    model, inputs = family
+    model, inputs, name = family
     kw = dict(max_new_tokens=6, do_sample=True, temperature=0.9, top_k=20,
               num_return_sequences=2)
     a = generate(model, **inputs, seed=11, **kw)
@@ -116,13 +116,13 @@ def test_sampling_seed_reproducible(family):
     assert not torch.equal(a, c)
     # Row b's draws depend on (its seed, its position) only: the first prompt alone, seeded
     # with the same row seeds, draws the same tokens.
-    one = {k: v[:1] for k, v in inputs.items()}
+    _, one = getattr(vlm_models, name)(lengths=inputs["input_ids"].shape[1:])
     solo = generate(model, **one, seed=torch.tensor([11, 12]), **kw)
     assert torch.equal(solo[:, -6:], a[:2, -6:])
 
 
 def test_patched_generate_runs_ours(family):
-    model, inputs = family
+    model, inputs, _ = family
     patch(model, fallback=False)
     try:
         out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
@@ -132,7 +132,7 @@ def test_patched_generate_runs_ours(family):
 
 
 def test_unverified_vision_model_is_refused(family, monkeypatch):
-    model, inputs = family
+    model, inputs, _ = family
     monkeypatch.setattr(step_inputs, "VISION_MODEL_TYPES", frozenset())
     with pytest.raises(Unsupported):
         generate(model, **inputs, max_new_tokens=2)

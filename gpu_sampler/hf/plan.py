@@ -178,6 +178,11 @@ def _model_inputs(model, gc, mk, inputs):
     mk["attention_mask"] = mask.to(device)
     if mk.get("position_ids") is None:
         mk["position_ids"] = model._prepare_position_ids_for_generation(inputs_tensor, mk)
+    # transformers (>= 5.2x) encodes the images of vision-language models here, before the
+    # rows are expanded (mm_encoder_outputs, forwarded at the prefill): so do we.
+    encode = getattr(model, "_maybe_prepare_encoder_kwargs_for_generation", None)
+    if encode is not None:
+        mk = encode(inputs_tensor, mk, input_name, gc)
     input_ids = inputs_tensor if input_name == "input_ids" else mk.pop("input_ids")
     input_ids = input_ids.to(device=device, dtype=torch.long)
     if input_name == "inputs_embeds":

@@ -41,7 +41,8 @@ except ImportError:  # pragma: no cover - older transformers
 PER_POSITION = ("token_type_ids", "mm_token_type_ids", "moe_mm_token_type_ids")
 
 # Model types whose image inputs run here (tests/test_vlm.py checks each against transformers).
-VISION_MODEL_TYPES = frozenset({"llava"})
+VISION_MODEL_TYPES = frozenset({"llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "paligemma",
+                                "idefics3", "smolvlm"})
 
 # What the decode loop handles itself (never forwarded as a constant).
 _OWN = frozenset({"past_key_values", "cache", "inputs_embeds", "position_ids", "input_ids",
