@@ -145,3 +145,18 @@ def test_unverified_vision_model_is_refused(family, monkeypatch):
         unpatch(model)
     assert any("runs transformers' generate" in str(w.message) for w in caught)
     assert torch.equal(out, model.generate(**inputs, max_new_tokens=3, do_sample=False))
+
+
+def test_step_rules_read_off_the_models_hooks():
+    """The per-model rules come from transformers' own hooks: PaliGemma's 1-based positions
+    and suffix token type, Gemma 3's prefill-only token types, Qwen2-VL's zeros for new
+    mm_token_type_ids and its image inputs encoded before the prefill."""
+    expected = {"paligemma": (1, {"token_type_ids": 1}, ("token_type_ids",)),
+                "gemma3": (0, {"token_type_ids": None}, ()),
+                "qwen2_vl": (0, {"mm_token_type_ids": 0}, ("mm_token_type_ids",)),
+                "llava": (0, {}, ())}
+    for name, (offset, fill, decode_typed) in expected.items():
+        model, inputs = getattr(vlm_models, name)()
+        step = step_inputs.split_inputs(model, inputs)
+        assert (step.pos_offset, step.fill, step.decode_typed) == (offset, fill, decode_typed)
+        assert "pixel_values" in step.prefill and not step.typed.keys() - set(fill)

@@ -64,7 +64,10 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     **kwargs
         Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
         ``DynamicCache``, ``StaticCache`` or :class:`StaticKVCache`; continues from it),
-        ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``.
+        ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``;
+        the image inputs of vision-language models (``pixel_values``, ``image_grid_thw``,
+        ``pixel_attention_mask``, ...: LLaVA, Qwen2-VL / 2.5-VL, Gemma 3, PaliGemma,
+        Idefics3, SmolVLM), forwarded as transformers does (see ``hf/step_inputs.py``).
         Generation arguments (max_new_tokens, do_sample, temperature, top_k, top_p, min_p,
         repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_new_tokens, eos_token_id,
         num_return_sequences, stop_strings + tokenizer, remove_invalid_values, use_cache,
