@@ -69,8 +69,8 @@ def _forward_fn(model, cache, plan):
         fwd["output_hidden_states"] = True
     takes_mask, takes_pos = "attention_mask" in params, "position_ids" in params
 
-    def forward(ids, mask, pos, token_type_ids=None, embeds=None):
-        kw = dict(fwd)
+    def forward(ids, mask, pos, token_type_ids=None, embeds=None, extra=None):
+        kw = dict(fwd, **(extra or {}))
         if takes_mask:
             kw["attention_mask"] = mask
         if takes_pos:
@@ -119,7 +119,7 @@ class _Recorded:
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
                 tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None,
-                inputs_embeds=None, decoder=None):
+                inputs_embeds=None, decoder=None, step=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
@@ -128,7 +128,9 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     ``token_type_ids`` (same shape, expanded the same way) are the prompt's, as transformers'
     generate prepared them. ``inputs_embeds`` [B * num_beams, P, H] (then ``attention_mask``,
     ``position_ids`` and ``token_type_ids`` span its P positions, ``input_ids`` may be [N, 0])
-    feeds the prefill instead of the ids, as in transformers. Returns what
+    feeds the prefill instead of the ids, as in transformers. ``step`` (a
+    :class:`~gpu_sampler.hf.step_inputs.StepInputs`) carries the other model inputs (image
+    inputs at the prefill, per-position inputs, a position offset). Returns what
     ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
     logits, beam_indices, past_key_values).
@@ -161,10 +163,12 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
     rec = _Recorded(plan, enc_dec=decoder is not None)
-    out = forward(input_ids, attention_mask, pos, token_type_ids, inputs_embeds)
+    first, later = _step_kwargs(step)
+    off = step.pos_offset if step is not None else 0
+    out = forward(input_ids, attention_mask, pos + off, token_type_ids, inputs_embeds, **first)
     rec.model_call(out)
     logits = _last_logits(out)
-    pos = pos[:, -1:] + 1
+    pos = pos[..., -1:] + 1
     # transformers repeats the last token type for every generated token; the beams of an item
     # share their prompt, so the column survives every reorder.
     tt_last = token_type_ids[:, -1:] if token_type_ids is not None else None
@@ -180,11 +184,25 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
         last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
         mask = full_mask[:, :P - plan.L + beams.cur_len] if plan.want_attn else full_mask
-        out = forward(last, mask, pos, tt_last)
+        out = forward(last, mask, pos + off, tt_last, **later)
         rec.model_call(out)
         logits = _last_logits(out)
         pos = pos + 1
     return _finish(plan, beams, cache, rec, decoder)
+
+
+def _step_kwargs(step):
+    """({extra=...} for the prefill, {extra=...} for the decode steps) from StepInputs:
+    per-position inputs whole at the prefill, then the value a generated token gets (the same
+    for every beam of an item, so it survives reorders)."""
+    if step is None:
+        return {}, {}
+    first = dict(step.every, **step.prefill, **step.typed)
+    later = dict(step.every)
+    for name in step.decode_typed:
+        given, fill = step.typed[name], step.fill.get(name)
+        later[name] = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
+    return {"extra": first}, {"extra": later}
 
 
 @dataclasses.dataclass(frozen=True)

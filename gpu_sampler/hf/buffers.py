@@ -2,7 +2,8 @@
 
 The working KV cache (our :class:`~gpu_sampler.hf.cache.StaticKVCache` standing in for
 transformers' default ``DynamicCache``, or the cache transformers would use) and the per-row
-buffers beside it: attention mask, positions, token types over kv positions; returned tokens
+buffers beside it: attention mask, positions (``[..., B, kv]``: Qwen2-VL's are 4 rows deep),
+per-position inputs (token types) over kv positions; returned tokens
 and penalty history over sequence columns. Our cache and the buffers start with room for
 ``_INITIAL_NEW_POSITIONS`` new tokens and double between steps when full (never per token), so
 a huge max_new_tokens used as "no limit" costs memory only for what is generated.
@@ -37,8 +38,9 @@ def _grow_cache(model, cache, B, length):
 
 
 def _grow_rows(buf, length, fill):
-    bigger = buf.new_full((buf.shape[0], length), fill)
-    bigger[:, :buf.shape[1]] = buf
+    """`buf` [..., n] widened to [..., length] along its last dimension."""
+    bigger = buf.new_full((*buf.shape[:-1], length), fill)
+    bigger[..., :buf.shape[-1]] = buf
     return bigger
 
 
@@ -73,10 +75,10 @@ class Buffers:
     cache_cap: int                   # positions our cache has room for (0 when not ours)
     kv: int                          # positions the cache holds
     mask: torch.Tensor               # [B, kv capacity] attention mask, 1 beyond the prompt
-    pos: torch.Tensor                # [B, kv capacity] position ids
-    next_pos: torch.Tensor           # [B] position of the next fed token
-    tt: Optional[torch.Tensor]       # [B, kv capacity] token type ids, or None
-    tt_last: Optional[torch.Tensor]  # [B, 1] the type every generated token gets
+    pos: torch.Tensor                # [..., B, kv capacity] position ids
+    next_pos: torch.Tensor           # [..., B] position of the next fed token
+    typed: dict                      # name -> [B, kv capacity] per-position input (token types)
+    typed_new: dict                  # name -> [B, 1] the value every generated token gets
     out: torch.Tensor                # [B, seq capacity] returned sequences
     hist: torch.Tensor               # [B, seq capacity] penalty history, -1 = ignored
     ignored: torch.Tensor            # [B] history columns before this one stay -1
@@ -95,13 +97,13 @@ class Buffers:
                                  f"needs {inp.kv_total} (max_length {inp.gc.max_length})")
             kv_cap = max(kv_cap, fixed)
         pos, next_pos = _positions(inp, kv_cap)
-        tt, tt_last = _token_types(inp, kv_cap)
+        typed, typed_new = _per_position(inp, plan.step, kv_cap)
         out, hist, ignored = _sequences(inp, min(inp.gc.max_length,
                                                  inp.L0 + _INITIAL_NEW_POSITIONS))
         mask = inp.mask.new_ones(inp.B, kv_cap)
         mask[:, :inp.P] = inp.mask
         bufs = cls(cache=cache, own=own, cache_cap=kv_cap if own else 0, kv=inp.past,
-                   mask=mask, pos=pos, next_pos=next_pos, tt=tt, tt_last=tt_last, out=out,
+                   mask=mask, pos=pos, next_pos=next_pos, typed=typed, typed_new=typed_new, out=out,
                    hist=hist, ignored=ignored)
         bufs.refresh_fixed_inputs(plan)
         if plan.amateur is not None and cache is not None:
@@ -123,10 +125,9 @@ class Buffers:
             if plan.amateur is not None:
                 plan.amateur.grow(kv_cap)
             self.pos = _grow_rows(self.pos, kv_cap, 0)
-            if self.tt is not None:
-                width = self.tt.shape[1]
-                self.tt = _grow_rows(self.tt, kv_cap, 0)
-                self.tt[:, width:] = self.tt_last
+            for name, buf in self.typed.items():
+                self.typed[name] = _grow_rows(buf, kv_cap, 0)
+                self.typed[name][:, buf.shape[1]:] = self.typed_new[name]
             self.mark_static(plan)
         if seq_need > self.out.shape[1]:
             cap = min(inp.gc.max_length, max(seq_need, 2 * self.out.shape[1]))
@@ -162,8 +163,9 @@ class Buffers:
         static = self.cache is not None and self.cache.is_compileable
         self.static_len = self.cache.get_max_length() if static else 0
 
-    def model_inputs(self, plan, q, ids=None, embeds=None):
-        """Keyword arguments for one forward over `q` new positions starting at self.kv."""
+    def model_inputs(self, plan, q, ids=None, embeds=None, prefill=False):
+        """Keyword arguments for one forward over `q` new positions starting at self.kv (the
+        prefill's: with the inputs transformers forwards at the prefill only)."""
         kw = dict(self.fixed_kw)
         if embeds is not None:
             kw["inputs_embeds"] = embeds
@@ -171,15 +173,25 @@ class Buffers:
             kw["input_ids"] = ids
         start = self.kv
         if self.cache is None:
-            start, q = 0, self.kv + q  # no cache: the whole sequence every step
+            start, q, prefill = 0, self.kv + q, True  # no cache: the whole sequence every step
         end = start + q
         if plan.takes_mask:
             kw["attention_mask"] = self.mask[:, :max(end, self.static_len)]
+        step = plan.step
         if plan.takes_pos:
-            kw["position_ids"] = self.pos[:, start:end]
-        if self.tt is not None:
-            kw["token_type_ids"] = self.tt[:, start:end]
+            pos = self.pos[..., start:end]
+            kw["position_ids"] = pos + step.pos_offset if step.pos_offset else pos
+        for name, buf in self.typed.items():
+            if prefill or name in step.decode_typed:
+                kw[name] = buf[:, start:end]
+        kw.update(step.every)
+        if prefill:
+            kw.update(step.prefill)
         return kw
+
+    def text_next_pos(self):
+        """[B] the next fed token's (text) position: the first row of deeper positions."""
+        return self.next_pos.reshape(-1, self.next_pos.shape[-1])[0]
 
     def append(self, column, tok):
         self.out[:, column] = tok
@@ -203,24 +215,26 @@ class Buffers:
 
 
 def _positions(inp, kv_cap):
-    """([B, kv_cap] position ids with the prompt's, [B] the next position)."""
-    pos = torch.zeros(inp.B, kv_cap, dtype=torch.long, device=inp.device)
+    """([..., B, kv_cap] position ids with the prompt's, [..., B] the next position)."""
     given = inp.model_kwargs["position_ids"]
-    k = min(inp.P, given.shape[1])
-    pos[:, inp.P - k:inp.P] = given[:, given.shape[1] - k:]
-    return pos, given[:, -1] + 1
+    pos = torch.zeros(*given.shape[:-1], kv_cap, dtype=torch.long, device=inp.device)
+    k = min(inp.P, given.shape[-1])
+    pos[..., inp.P - k:inp.P] = given[..., given.shape[-1] - k:]
+    return pos, given[..., -1] + 1
 
 
-def _token_types(inp, kv_cap):
-    tt = inp.model_kwargs.get("token_type_ids")
-    if tt is None:
-        return None, None
-    # transformers repeats the last token type for every generated token.
-    last = tt[:, -1:]
-    buf = last.expand(inp.B, kv_cap).contiguous()
-    k = min(inp.P, tt.shape[1])
-    buf[:, inp.P - k:inp.P] = tt[:, tt.shape[1] - k:]
-    return buf, last
+def _per_position(inp, step, kv_cap):
+    """(name -> [B, kv_cap] buffer holding the prompt's values, name -> [B, 1] the value each
+    generated token gets: the last one repeated, or the model's constant)."""
+    bufs, new = {}, {}
+    for name, given in step.typed.items():
+        fill = step.fill.get(name)
+        last = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
+        buf = last.expand(inp.B, kv_cap).contiguous()
+        k = min(inp.P, given.shape[1])
+        buf[:, inp.P - k:inp.P] = given[:, given.shape[1] - k:]
+        bufs[name], new[name] = buf, last
+    return bufs, new
 
 
 def _sequences(inp, seq_cap):

@@ -24,6 +24,7 @@ from ..reference import processed_logits_reference
 from ..sampler import sample
 from . import compat, seq2seq
 from .buffers import Buffers
+from .step_inputs import split_inputs
 from .plan import (plan_step, pop_extras, prepare_inputs, processors, refuse_arguments,
                    refuse_beam_options, resolve_config)
 
@@ -63,7 +64,10 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     **kwargs
         Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
         ``DynamicCache``, ``StaticCache`` or :class:`StaticKVCache`; continues from it),
-        ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``.
+        ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``;
+        the image inputs of vision-language models (``pixel_values``, ``image_grid_thw``,
+        ``pixel_attention_mask``, ...: LLaVA, Qwen2-VL / 2.5-VL, Gemma 3, PaliGemma,
+        Idefics3, SmolVLM), forwarded as transformers does (see ``hf/step_inputs.py``).
         Generation arguments (max_new_tokens, do_sample, temperature, top_k, top_p, min_p,
         repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_new_tokens, eos_token_id,
         num_return_sequences, stop_strings + tokenizer, remove_invalid_values, use_cache,
@@ -141,8 +145,8 @@ def _beam_search(model, inputs, logits_processor, stopping_criteria, extras):
     mk = inputs.model_kwargs
     return beam_search(model, inputs.input_ids, inputs.mask, inputs.gc, procs, user_lp,
                        stopping_criteria, extras.tokenizer, seed=extras.seed,
-                       position_ids=mk["position_ids"], token_type_ids=mk.get("token_type_ids"),
-                       inputs_embeds=inputs.embeds)
+                       position_ids=mk["position_ids"], inputs_embeds=inputs.embeds,
+                       step=split_inputs(model, mk))
 
 
 # ---- the decode loop ------------------------------------------------------------------------
@@ -287,10 +291,10 @@ def _result(plan, bufs, kw, logits, attn, hidden):
 def _prefill(model, plan, bufs):
     inp = plan.inputs
     if inp.embeds is not None:
-        kw = bufs.model_inputs(plan, inp.new, embeds=inp.embeds[:, -inp.new:])
+        kw = bufs.model_inputs(plan, inp.new, embeds=inp.embeds[:, -inp.new:], prefill=True)
     else:
         ids = inp.input_ids[:, -inp.new:] if bufs.cache is not None else inp.input_ids
-        kw = bufs.model_inputs(plan, inp.new, ids=ids)
+        kw = bufs.model_inputs(plan, inp.new, ids=ids, prefill=True)
     o = model(**kw)
     fwd = _result(plan, bufs, kw, o.logits[:, -1, :], o.attentions if plan.want_attn else None,
                   o.hidden_states if plan.want_hidden else None)
@@ -313,20 +317,18 @@ def _process(plan, bufs, outputs, fwd, cur):
 
 def _draw(plan, bufs, scores, cd_kw):
     # Seeded: a row's draw depends only on (its seed, its position), not on the batch.
-    offset = bufs.next_pos if plan.seeded else None
+    offset = bufs.text_next_pos() if plan.seeded else None
     return sample(scores, input_ids=bufs.hist, prompt_lens=plan.inputs.L0, check=False,
                   offset=offset, **plan.sample_kw, **cd_kw)
 
 
 def _feed(plan, bufs, step, tok, cur):
     """One decode forward over the tokens just appended (the whole sequence without a cache)."""
+    bufs.pos[..., bufs.kv] = bufs.next_pos
     if bufs.cache is None:
-        bufs.pos[:, bufs.kv] = bufs.next_pos
         kw = bufs.model_inputs(plan, 1, ids=bufs.out[:, :cur + 1])
     else:
         kw = bufs.model_inputs(plan, 1, ids=tok[:, None])
-        if plan.takes_pos:
-            kw["position_ids"] = bufs.next_pos[:, None]
     fwd = _result(plan, bufs, kw, *step(kw))
     bufs.advance()
     return fwd

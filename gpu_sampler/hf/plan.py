@@ -19,15 +19,13 @@ from . import compat
 from .amateur import Amateur
 from .common import Unsupported, is_in
 from .processors import finite_number, plan_processors, refuse_config
+from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
 __all__ = ["Extras", "Resolved", "Inputs", "Plan", "refuse_arguments", "pop_extras",
            "resolve_config", "prepare_inputs", "processors", "refuse_beam_options",
            "plan_step"]
 
 _UNSUPPORTED_ARGS = ("assistant_tokenizer",)
-# Model inputs generate() forwards to the model besides the prompt and its attention mask.
-_MODEL_INPUTS = ("past_key_values", "cache", "inputs_embeds", "position_ids", "token_type_ids",
-                 "logits_to_keep", "input_ids", "output_attentions", "output_hidden_states")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +57,7 @@ class Inputs:
     a passed cache already holds).
     """
     gc: Any                          # the config, lengths resolved
-    model_kwargs: dict               # position_ids, token_type_ids, logits_to_keep, ...
+    model_kwargs: dict               # position_ids, token_type_ids, pixel_values, ...
     input_ids: torch.Tensor          # [B, L0], expanded for num_return_sequences / num_beams
     embeds: Optional[torch.Tensor]   # inputs_embeds [B, P - past, H] or None
     mask: torch.Tensor               # [B, P]
@@ -97,6 +95,7 @@ class Plan:
     takes_mask: bool
     takes_pos: bool
     logits_to_keep: Optional[int]
+    step: StepInputs                 # the other model inputs, by the forwards that get them
 
     @property
     def gc(self):
@@ -145,16 +144,9 @@ def resolve_config(model, generation_config, kwargs):
     compat.take_cache(model, kwargs)
     gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     model._validate_model_kwargs(model_kwargs.copy())
-    _refuse_unsupported(gc, model_kwargs)
-    return Resolved(gc, model_kwargs, has_default_max, has_default_min)
-
-
-def _refuse_unsupported(gc, model_kwargs):
     refuse_config(gc)
-    other = sorted(k for k, v in model_kwargs.items()
-                   if k not in _MODEL_INPUTS and k != "attention_mask" and v is not None)
-    if other:
-        raise Unsupported(f"the model arguments {other}")
+    refuse_inputs(model, model_kwargs)
+    return Resolved(gc, model_kwargs, has_default_max, has_default_min)
 
 
 def _check_prompt(input_ids):
@@ -186,6 +178,11 @@ def _model_inputs(model, gc, mk, inputs):
     mk["attention_mask"] = mask.to(device)
     if mk.get("position_ids") is None:
         mk["position_ids"] = model._prepare_position_ids_for_generation(inputs_tensor, mk)
+    # transformers (>= 5.2x) encodes the images of vision-language models here, before the
+    # rows are expanded (mm_encoder_outputs, forwarded at the prefill): so do we.
+    encode = getattr(model, "_maybe_prepare_encoder_kwargs_for_generation", None)
+    if encode is not None:
+        mk = encode(inputs_tensor, mk, input_name, gc)
     input_ids = inputs_tensor if input_name == "input_ids" else mk.pop("input_ids")
     input_ids = input_ids.to(device=device, dtype=torch.long)
     if input_name == "inputs_embeds":
@@ -301,10 +298,11 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
     if extras.seed is not None:
         sample_kw["seed"] = sampling_params.row_seeds(extras.seed, inputs.B, inputs.device)
     amateur = extras.amateur
-    if amateur is not None and (inputs.embeds is not None or inputs.past):
-        raise Unsupported("amateur_model with inputs_embeds or a filled past_key_values",
-                          "contrastive decoding (amateur_model) takes input_ids only: not "
-                          "inputs_embeds or a filled past_key_values")
+    step = split_inputs(model, inputs.model_kwargs)
+    if amateur is not None and (inputs.embeds is not None or inputs.past or step.multimodal):
+        raise Unsupported("amateur_model with inputs_embeds, a filled past_key_values or image "
+                          "inputs", "contrastive decoding (amateur_model) takes input_ids "
+                          "only: not inputs_embeds, a filled past_key_values or image inputs")
     rd = bool(gc.return_dict_in_generate)
     want_scores, want_logits = rd and bool(gc.output_scores), rd and bool(gc.output_logits)
     if amateur is not None:
@@ -322,4 +320,4 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
         cache_arg=compat.cache_arg(model), takes_mask="attention_mask" in params,
         takes_pos="position_ids" in params,
         logits_to_keep=inputs.model_kwargs.get(
-            "logits_to_keep", 1 if "logits_to_keep" in params else None))
+            "logits_to_keep", 1 if "logits_to_keep" in params else None), step=step)

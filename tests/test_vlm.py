@@ -1,0 +1,162 @@
+"""Vision-language models: gpu_sampler.generate against transformers' model.generate on tiny
+random models (tests/vlm_models.py) with image inputs, left-padded prompts."""
+import warnings
+
+import pytest
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteria
+
+from gpu_sampler.hf import step_inputs
+from gpu_sampler.hf.common import Unsupported
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch, unpatch
+from tests import vlm_models
+
+FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "paligemma", "idefics3", "smolvlm")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    model, inputs = getattr(vlm_models, request.param)()
+    return model, inputs, request.param
+
+
+def _same(a, b, path="output"):
+    """Field by field: tensors equal (floats to 1e-5), tuples element by element."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape, (path, a.shape, b.shape)
+        if a.dtype.is_floating_point:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=path)
+        else:
+            assert torch.equal(a, b), path
+    elif isinstance(a, (tuple, list)):
+        assert isinstance(b, (tuple, list)) and len(a) == len(b), (path, len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a is None and b is None, (path, type(a), type(b))
+
+
+def _both(model, inputs, **kw):
+    ref = model.generate(**inputs, **kw)
+    return ref, generate(model, **inputs, **kw)
+
+
+def test_greedy_matches_transformers(family):
+    model, inputs, _ = family
+    ref, out = _both(model, inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, ref)
+
+
+def test_greedy_without_cache(family):
+    model, inputs, _ = family
+    ref, out = _both(model, inputs, max_new_tokens=4, do_sample=False, use_cache=False)
+    assert torch.equal(out, ref)
+
+
+def test_return_dict_field_by_field(family):
+    model, inputs, _ = family
+    kw = dict(max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
+              output_scores=True, output_logits=True, output_hidden_states=True,
+              repetition_penalty=1.2)
+    ref, out = _both(model, inputs, **kw)
+    for field in ("sequences", "scores", "logits", "hidden_states"):
+        _same(getattr(out, field), getattr(ref, field), field)
+    ref_a, out_a = _both(model, inputs, max_new_tokens=3, do_sample=False,
+                         return_dict_in_generate=True, output_attentions=True)
+    _same(out_a.attentions, ref_a.attentions, "attentions")
+    _same(out_a.sequences, ref_a.sequences, "sequences")
+
+
+class _StopAfter(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids[:, -1] == self.token)
+
+
+def test_stopping_criteria_and_eos(family):
+    model, inputs, _ = family
+    free = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    L = inputs["input_ids"].shape[1]
+    stop_tok, eos_tok = int(free[0, L + 2]), int(free[1, L + 1])
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=eos_tok, pad_token_id=0)
+    ref = model.generate(**inputs, stopping_criteria=[_StopAfter(stop_tok)], **kw)
+    out = generate(model, **inputs, stopping_criteria=[_StopAfter(stop_tok)], **kw)
+    assert torch.equal(out, ref)
+    assert out.shape[1] < free.shape[1]
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_beam_search_matches_transformers(family, do_sample):
+    model, inputs, _ = family
+    kw = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2,
+              return_dict_in_generate=True, output_scores=True)
+    if do_sample:
+        # Beam sampling draws differently: its argmax limit (tiny temperature) is beam search.
+        kw.update(do_sample=True, temperature=1e-4, top_k=0)
+        out = generate(model, **inputs, seed=3, **kw)
+        ref = model.generate(**inputs, **dict(kw, do_sample=False, temperature=None))
+        assert torch.equal(out.sequences, ref.sequences)
+        return
+    ref, out = _both(model, inputs, do_sample=False, **kw)
+    for field in ("sequences", "sequences_scores", "beam_indices", "scores"):
+        _same(getattr(out, field), getattr(ref, field), field)
+
+
+def test_sampling_seed_reproducible(family):
+    model, inputs, name = family
+    kw = dict(max_new_tokens=6, do_sample=True, temperature=0.9, top_k=20,
+              num_return_sequences=2)
+    a = generate(model, **inputs, seed=11, **kw)
+    b = generate(model, **inputs, seed=11, **kw)
+    c = generate(model, **inputs, seed=12, **kw)
+    assert torch.equal(a, b) and a.shape == (4, inputs["input_ids"].shape[1] + 6)
+    assert not torch.equal(a, c)
+    # Row b's draws depend on (its seed, its position) only: the first prompt alone, seeded
+    # with the same row seeds, draws the same tokens.
+    _, one = getattr(vlm_models, name)(lengths=inputs["input_ids"].shape[1:])
+    solo = generate(model, **one, seed=torch.tensor([11, 12]), **kw)
+    assert torch.equal(solo[:, -6:], a[:2, -6:])
+
+
+def test_patched_generate_runs_ours(family):
+    model, inputs, _ = family
+    patch(model, fallback=False)
+    try:
+        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    finally:
+        unpatch(model)
+    assert torch.equal(out, model.generate(**inputs, max_new_tokens=4, do_sample=False))
+
+
+def test_unverified_vision_model_is_refused(family, monkeypatch):
+    model, inputs, _ = family
+    monkeypatch.setattr(step_inputs, "VISION_MODEL_TYPES", frozenset())
+    with pytest.raises(Unsupported):
+        generate(model, **inputs, max_new_tokens=2)
+    patch(model)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    finally:
+        unpatch(model)
+    assert any("runs transformers' generate" in str(w.message) for w in caught)
+    assert torch.equal(out, model.generate(**inputs, max_new_tokens=3, do_sample=False))
+
+
+def test_step_rules_read_off_the_models_hooks():
+    """The per-model rules come from transformers' own hooks: PaliGemma's 1-based positions
+    and suffix token type, Gemma 3's prefill-only token types, Qwen2-VL's zeros for new
+    mm_token_type_ids and its image inputs encoded before the prefill."""
+    expected = {"paligemma": (1, {"token_type_ids": 1}, ("token_type_ids",)),
+                "gemma3": (0, {"token_type_ids": None}, ()),
+                "qwen2_vl": (0, {"mm_token_type_ids": 0}, ("mm_token_type_ids",)),
+                "llava": (0, {}, ())}
+    for name, (offset, fill, decode_typed) in expected.items():
+        model, inputs = getattr(vlm_models, name)()
+        step = step_inputs.split_inputs(model, inputs)
+        assert (step.pos_offset, step.fill, step.decode_typed) == (offset, fill, decode_typed)
+        assert "pixel_values" in step.prefill and not step.typed.keys() - set(fill)
