@@ -147,3 +147,9 @@ def test_import_does_not_load_transformers():
             "assert 'transformers' not in sys.modules, 'transformers loaded'; "
             "gpu_sampler.generate; assert 'transformers' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_state_is_declared(path):
+    # State that crosses functions is a declared type, not a namespace that grows attributes.
+    assert "SimpleNamespace" not in path.read_text(), f"{path.name} uses a SimpleNamespace"

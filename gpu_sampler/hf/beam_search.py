@@ -18,7 +18,7 @@ runs transformers' own chain on the log-probs in torch, then the step picks the 
 """
 import dataclasses
 import inspect
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch.nn import functional as F
@@ -34,6 +34,12 @@ from . import compat
 from .common import MASKS, is_in, prompt_history_mask
 
 __all__ = ["beam_search"]
+
+
+class Decoder(NamedTuple):
+    """An encoder-decoder model's hooks into the beam loop (gpu_sampler.hf.seq2seq)."""
+    start: Callable    # start(rows, cache_len, want_attn) -> (cache, forward)
+    output: Callable   # output(cache, **fields) -> the returned output
 
 
 # ---- the loop -------------------------------------------------------------------------------

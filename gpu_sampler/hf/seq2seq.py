@@ -19,7 +19,8 @@ also presence / frequency penalties, a streamer, ``use_cache=False`` and cache
 implementations.
 """
 import copy
-import types
+import dataclasses
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -32,10 +33,85 @@ from .. import params as sampling_params
 from ..reference import processed_logits_reference
 from ..sampler import sample
 from . import compat
-from .beam_search import beam_search
+from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
 from .common import Unsupported, is_in, prompt_history_mask
 from .processors import finite_number, plan_processors, refuse_config
+
+
+@dataclasses.dataclass(eq=False)
+class Extras:
+    """The arguments transformers' generate does not have, validated (encoder-decoder)."""
+    presence: float
+    frequency: float
+    seed: Any
+    tokenizer: Any
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Run:
+    """What one call resolved, filled in order by _resolve_config, _prepare_inputs and
+    _plan_step (slots: a step cannot add an undeclared field)."""
+    gc: Any
+    mk: dict                                  # model kwargs after config resolution
+    has_default_max: bool
+    has_default_min: bool
+    input_ids: Any = None                     # [B, L0] decoder prompt, beam/return-expanded
+    input_name: Any = None
+    inputs_tensor: Any = None                 # the encoder's input
+    encoder_outputs: Any = None
+    enc_mask: Any = None                      # encoder attention mask (or None)
+    dec_mask: Any = None                      # decoder attention mask [B, L0]
+    device: Any = None
+    B: int = 0
+    B0: int = 0                               # batch before expansion
+    L0: int = 0
+    expand: int = 1
+    max_new: int = 0
+    kv_total: int = 0                         # decoder self-attention positions at the end
+    procs: Any = None                         # transformers' processor list
+    user_lp: Any = None
+    user_sc: Any = None
+    torch_procs: Any = None                   # the part that runs in torch before sample()
+    sample_kw: Any = None
+    ref_kw: Any = None                        # the torch twin's kwargs (output_scores)
+    do_sample: bool = False
+    seeded: bool = False
+    host_crit: Any = None
+    has_eos: bool = False
+    eos: Any = None
+    pad: Any = None
+    want_scores: bool = False
+    want_logits: bool = False
+    want_attn: bool = False
+    want_hidden: bool = False
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _State:
+    """The decode loop's buffers and cache."""
+    own: bool = False                         # the self-attention cache is our StaticKVCache
+    cache: Any = None                         # the EncoderDecoderCache (None: use_cache=False)
+    self_cache: Any = None
+    kv: int = 0                               # self-attention positions written
+    cap: int = 0
+    mask: Any = None
+    out: Any = None
+    hist: Any = None
+    fixed_kw: Any = None
+    static_len: int = 0
+    forward: Any = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Recorded:
+    """The per-step tuples return_dict_in_generate reports."""
+    scores: list = dataclasses.field(default_factory=list)
+    logits: list = dataclasses.field(default_factory=list)
+    dec_attn: list = dataclasses.field(default_factory=list)
+    cross: list = dataclasses.field(default_factory=list)
+    hidden: list = dataclasses.field(default_factory=list)
+    last_scores: Any = None
 
 __all__ = ["generate", "supports"]
 
@@ -116,7 +192,7 @@ def _pop_extras(kwargs):
         if kwargs.get(name) not in (None, False):
             raise Unsupported(f"`{name}` with encoder-decoder models")
         kwargs.pop(name, None)
-    return types.SimpleNamespace(
+    return Extras(
         presence=finite_number("presence_penalty", kwargs.pop("presence_penalty", 0.0)),
         frequency=finite_number("frequency_penalty", kwargs.pop("frequency_penalty", 0.0)),
         seed=kwargs.pop("seed", None), tokenizer=kwargs.pop("tokenizer", None))
@@ -143,8 +219,7 @@ def _resolve_config(model, generation_config, kwargs):
     other = sorted(k for k, v in mk.items() if k not in _MODEL_INPUTS and v is not None)
     if other:
         raise Unsupported(f"the model arguments {other}")
-    return types.SimpleNamespace(gc=gc, mk=mk, has_default_max=has_default_max,
-                                 has_default_min=has_default_min)
+    return _Run(gc=gc, mk=mk, has_default_max=has_default_max, has_default_min=has_default_min)
 
 
 def _refuse_beam_options(run, extras, streamer):
@@ -271,7 +346,7 @@ def _own_cache(model, B, length):
 def _allocate(model, run):
     """The working EncoderDecoderCache and the sequence / history / decoder-mask buffers."""
     gc, B, L0 = run.gc, run.B, run.L0
-    st = types.SimpleNamespace(own=False, cache=None, self_cache=None, kv=0)
+    st = _State()
     cap = min(run.kv_total, L0 + _INITIAL_NEW_POSITIONS)
     if gc.use_cache is not False:
         if gc.cache_implementation == "static":
@@ -367,7 +442,7 @@ def _decode(model, run, st, streamer):
     B, L0, device = run.B, run.L0, run.device
     step = _step(run, st, run.input_ids, L0)
     st.kv = L0
-    rec = types.SimpleNamespace(scores=[], logits=[], dec_attn=[], cross=[], hidden=[])
+    rec = _Recorded()
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
     invalid = torch.zeros(B, dtype=torch.bool, device=device)
     steps_run = torch.zeros((), dtype=torch.long, device=device)
@@ -468,7 +543,7 @@ def _beam_search(model, run, extras):
         mine = None if want_attn else _own_cache(model, rows, cache_len)
         cfg = decoder_config(model)
         cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
-        fixed = _fixed_inputs(model, run, types.SimpleNamespace(cache=cache))
+        fixed = _fixed_inputs(model, run, _State(cache=cache))
 
         def forward(ids, mask, pos, token_type_ids=None, embeds=None):
             kw = dict(fixed, decoder_input_ids=ids)
@@ -490,7 +565,7 @@ def _beam_search(model, run, extras):
     mask = run.dec_mask if run.dec_mask is not None else torch.ones_like(run.input_ids)
     return beam_search(model, run.input_ids, mask, run.gc, run.procs, run.user_lp, run.user_sc,
                        extras.tokenizer, seed=extras.seed,
-                       decoder=types.SimpleNamespace(start=start, output=output))
+                       decoder=Decoder(start=start, output=output))
 
 
 def _raise_if_invalid(invalid):
