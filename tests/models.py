@@ -9,6 +9,7 @@ Example::
     model.generate(ids, max_new_tokens=5)
 """
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from gpu_sampler.tiny import seeded_random_model
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -101,3 +102,16 @@ def save_tiny(directory, arch="llama", seed=0, vocab_size=1000, **config_kwargs)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
+
+
+class Recorder(BaseStreamer):
+    """A streamer that records transformers' streamer calls (put tensors, then "end")."""
+
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(value.clone())
+
+    def end(self):
+        self.calls.append("end")

@@ -5,13 +5,12 @@ import torch
 from scipy import stats
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation import logits_process as lp
-from transformers.generation.streamers import BaseStreamer
 
 import gpu_sampler
 from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
-from tests.models import ARCHS, tiny_model, train_tokenizer
+from tests.models import ARCHS, Recorder, tiny_model, train_tokenizer
 
 V = 1000
 
@@ -245,23 +244,12 @@ def test_presence_frequency_penalties_change_greedy_repeats():
     assert plain.shape == pen.shape
 
 
-class _Recorder(BaseStreamer):
-    def __init__(self):
-        self.calls = []
-
-    def put(self, value):
-        self.calls.append(value.clone())
-
-    def end(self):
-        self.calls.append("end")
-
-
 def test_streamer_protocol_matches_hf():
     model = tiny_model("llama", seed=13)
     ids, mask = _prompts([5, 3], _seed())
     free = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     eos = [int(free[0, -5]), int(free[1, -6])]
-    rec_hf, rec = _Recorder(), _Recorder()
+    rec_hf, rec = Recorder(), Recorder()
     kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=0)
     model.generate(ids, attention_mask=mask, streamer=rec_hf, **kw)
     generate(model, ids, attention_mask=mask, streamer=rec, **kw)

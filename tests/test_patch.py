@@ -10,13 +10,12 @@ import warnings
 import pytest
 import torch
 from transformers import DynamicCache, T5Config, T5ForConditionalGeneration
-from transformers.generation.streamers import BaseStreamer
 
 import gpu_sampler
 from gpu_sampler.hf.common import Unsupported
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
-from tests.models import tiny_model
+from tests.models import Recorder, tiny_model
 
 
 def _prompts(seed, B=2, L=6, vocab=1000):
@@ -91,24 +90,13 @@ def test_gpu_sampler_only_arguments_are_never_handed_over():
     assert "seed" in "".join(getattr(info.value, "__notes__", []))
 
 
-class _Recorder(BaseStreamer):
-    def __init__(self):
-        self.calls = []
-
-    def put(self, value):
-        self.calls.append(value.clone())
-
-    def end(self):
-        self.calls.append("end")
-
-
 def test_refusal_after_input_preparation_feeds_the_streamer_once():
     # encoder_repetition_penalty is refused while the processors are planned, after the inputs
     # are prepared: the streamer must see transformers' calls only, the prompt once.
     model = tiny_model("llama", seed=34)
     ids, mask = _prompts(34)
     kw = dict(max_new_tokens=5, do_sample=False, encoder_repetition_penalty=1.5)
-    rec_hf, rec = _Recorder(), _Recorder()
+    rec_hf, rec = Recorder(), Recorder()
     ref = model.generate(ids, attention_mask=mask, streamer=rec_hf, **kw)
     patch(model)
     with warnings.catch_warnings(record=True) as record:

@@ -130,17 +130,7 @@ def test_decoder_prompt_and_mask_match_transformers(arch):
 
 
 def test_encoder_inputs_embeds_outputs_and_streamer_match_transformers():
-    from transformers.generation.streamers import BaseStreamer
-
-    class Record(BaseStreamer):
-        def __init__(self):
-            self.calls = []
-
-        def put(self, value):
-            self.calls.append(value.clone())
-
-        def end(self):
-            self.calls.append("end")
+    from tests.models import Recorder as Record
 
     model = tiny_seq2seq("bart", seed=13)
     ids, mask = _batch(13)

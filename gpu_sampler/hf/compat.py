@@ -70,3 +70,21 @@ def beam_sampling_ranks_draws():
     except (OSError, TypeError):  # no source shipped: the current behaviour
         return True
     return "topk_log_probs.sort(" in source
+
+
+def transformers_config(model, generation_config, kwargs):
+    """transformers' config priority (kwargs > generation_config > the model's defaults), as
+    its generate resolves it: (generation config, model kwargs, has_default_max,
+    has_default_min). Takes the passed cache out of ``kwargs`` under whichever name this
+    version uses."""
+    defaults = model.generation_config
+    has_default_max = (kwargs.get("max_length") is None and (
+        generation_config is None or generation_config.max_length is None)
+        and defaults.max_length is None)
+    has_default_min = (kwargs.get("min_length") is None and (
+        generation_config is None or generation_config.min_length is None)
+        and defaults.min_length is None)
+    take_cache(model, kwargs)
+    gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    model._validate_model_kwargs(model_kwargs.copy())
+    return gc, model_kwargs, has_default_max, has_default_min

@@ -134,16 +134,8 @@ def resolve_config(model, generation_config, kwargs):
     if not model._supports_default_dynamic_cache():
         raise Unsupported(f"{type(model).__name__} (its cache is not a transformers key/value "
                           f"Cache)")
-    defaults = model.generation_config
-    has_default_max = (kwargs.get("max_length") is None and (
-        generation_config is None or generation_config.max_length is None)
-        and defaults.max_length is None)
-    has_default_min = (kwargs.get("min_length") is None and (
-        generation_config is None or generation_config.min_length is None)
-        and defaults.min_length is None)
-    compat.take_cache(model, kwargs)
-    gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
-    model._validate_model_kwargs(model_kwargs.copy())
+    gc, model_kwargs, has_default_max, has_default_min = compat.transformers_config(
+        model, generation_config, kwargs)
     refuse_config(gc)
     refuse_inputs(model, model_kwargs)
     return Resolved(gc, model_kwargs, has_default_max, has_default_min)

@@ -200,16 +200,8 @@ def _pop_extras(kwargs):
 
 def _resolve_config(model, generation_config, kwargs):
     """transformers' config priority, then the refusals that need only the config."""
-    defaults = model.generation_config
-    has_default_max = (kwargs.get("max_length") is None and (
-        generation_config is None or generation_config.max_length is None)
-        and defaults.max_length is None)
-    has_default_min = (kwargs.get("min_length") is None and (
-        generation_config is None or generation_config.min_length is None)
-        and defaults.min_length is None)
-    compat.take_cache(model, kwargs)
-    gc, mk = model._prepare_generation_config(generation_config, **kwargs)
-    model._validate_model_kwargs(mk.copy())
+    gc, mk, has_default_max, has_default_min = compat.transformers_config(
+        model, generation_config, kwargs)
     refuse_config(gc)
     if gc.cache_implementation not in (None, "dynamic", "static"):
         raise Unsupported(f"cache_implementation={gc.cache_implementation!r} on "
