@@ -11,8 +11,8 @@ from gpu_sampler.beam import beam_topk, beam_topk_reference
 from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from tests.conftest import BACKENDS
-from tests.models import tiny_model
-from tests.test_generate import _BanMultiplesOf, _Recorder, _prompts, _seed
+from tests.models import Recorder, tiny_model
+from tests.test_generate import _BanMultiplesOf, _prompts, _seed
 
 V = 1000
 
@@ -289,11 +289,11 @@ def test_streamer_refused_for_beam_search_like_hf():
     msgs = []
     for fn in (model.generate, lambda *a, **k: generate(model, *a, **k)):
         with pytest.raises(ValueError, match="streamer") as e:
-            fn(ids, num_beams=2, max_new_tokens=3, streamer=_Recorder())
+            fn(ids, num_beams=2, max_new_tokens=3, streamer=Recorder())
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1]
     # Beam sampling: transformers accepts the streamer and only puts the expanded prompt.
-    rec_hf, rec = _Recorder(), _Recorder()
+    rec_hf, rec = Recorder(), Recorder()
     model.generate(ids, num_beams=2, do_sample=True, max_new_tokens=3, streamer=rec_hf)
     generate(model, ids, num_beams=2, do_sample=True, max_new_tokens=3, streamer=rec)
     assert len(rec.calls) == len(rec_hf.calls) == 1 and torch.equal(rec.calls[0], rec_hf.calls[0])
