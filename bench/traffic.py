@@ -98,7 +98,21 @@ def load_kernels(path):
     return importlib.import_module(name)
 
 
-def measure(mod, B, V, L, kw, rows, seed=0, cd=False):
+def _request_edits(rows, V, gen):
+    """A request's mask (half the vocabulary allowed) and 20 logit-bias entries, as
+    gpu_sampler/edits.py hands them to the launcher."""
+    from gpu_sampler import edits
+    allowed = torch.rand(rows, V, generator=gen) < 0.5
+    bits = torch.zeros(rows, (V + 31) // 32 * 32, dtype=torch.int64)
+    bits[:, :V] = allowed.long()
+    w = (bits.view(rows, -1, 32) << torch.arange(32)).sum(2)
+    words = torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+    bias = (torch.randint(0, V, (rows, 20), generator=gen), torch.randn(rows, 20, generator=gen))
+    ed = edits.prepare_edits(torch.empty(rows, V), words, bias, False)
+    return dict(allowed_words=ed.words, logit_bias=(ed.bias_ids, ed.bias_values))
+
+
+def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False):
     """Counter for one call on `rows` rows with the geometry of B rows."""
     ks = mod.sampling
     gen = torch.Generator().manual_seed(seed)
@@ -112,20 +126,22 @@ def measure(mod, B, V, L, kw, rows, seed=0, cd=False):
         kw = dict(kw, amateur_logits=amateur, cd_alpha=0.1, cd_beta=0.5)
     if ids is not None:
         c.tag(ids, "history")
-    extra = {}
+    extra = _request_edits(rows, V, gen) if with_edits else {}
     if hasattr(ks, "plan"):
         extra["chunks"] = ks.plan(B, V)["C"]
-    saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace") if hasattr(ks, n)}
+    saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace", "edit_table")
+             if hasattr(ks, n)}
 
     def tagged(orig, kind):
-        def alloc(shape, dtype, device):
-            t = orig(shape, dtype, device)
+        def alloc(*args):
+            t = orig(*args)
             c.tag(t, kind)
             return t
         return alloc
 
+    kinds = dict(_alloc="outputs", _workspace="workspace", edit_table="edits")
     for n, f in saved.items():
-        setattr(ks, n, tagged(f, "outputs" if n == "_alloc" else "workspace"))
+        setattr(ks, n, tagged(f, kinds[n]))
     try:
         c.install()
         mod.fused_sample(logits, input_ids=ids, seed=1, offset=0, **kw, **extra)
@@ -150,25 +166,29 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--cases", default=None, help="e.g. 1,32000;64,128256")
     ap.add_argument("--cd", action="store_true", help="contrastive decoding: amateur logits too")
+    ap.add_argument("--edits", action="store_true",
+                    help="a request's token mask and 20 logit-bias entries per row")
     a = ap.parse_args(argv)
     mod = load_kernels(a.kernels)
     cases = CASES if a.cases is None else [tuple(map(int, s.split(","))) for s in a.cases.split(";")]
     base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
             ti.GridExecutor.__call__)
     print(f"# traffic of {a.label}: interpreter runs {a.rows} rows per case, bytes per row")
-    am_col = " passes over amateur |" if a.cd else ""
+    am_col = (" passes over amateur |" if a.cd else "") + (" edit table B/row |" if a.edits
+                                                           else "")
     print("| B | V | config | L | passes over logits |" + am_col + " history B/row | "
           "workspace B/row (ld+st) | programs/row | launches |")
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if a.cd else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * (a.cd + a.edits))
     for B, V in cases:
         for name, kw, L in (("rp1.2 T0.7 k50 p0.9", FULL, 128), ("rp1.2 T0.7 k50 p0.9", FULL, 4096),
                             ("T0.7 p0.9", TOP_P, 0)):
             rows = min(B, a.rows)
-            c = measure(mod, B, V, L, kw, rows, cd=a.cd)
+            c = measure(mod, B, V, L, kw, rows, cd=a.cd, with_edits=a.edits)
             (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
              ti.GridExecutor.__call__) = base
             passes = c.total("logits", "load") / (rows * V * 4)
             am = f" {c.total('amateur', 'load') / (rows * V * 4):.3f} |" if a.cd else ""
+            am += f" {c.total('edits', 'load') / rows:,.0f} |" if a.edits else ""
             hist = c.total("history") / rows
             ws = c.total("workspace") / rows
             print(f"| {B} | {V} | {name} | {L} | {passes:.3f} |{am} {hist:,.0f} | {ws:,.0f} | "

@@ -8,7 +8,9 @@ Applied to the logits (or the contrastive scores) before the penalties, in this 
                   ids (duplicates add up; ids < 0 are padding; -inf bans, +inf forces)
 
 A row that allows no token is invalid (ValueError with check=True, token -1 otherwise).
-This release applies them in torch, as one float32 copy of the rows, on both backends.
+The Triton backend applies them inside its reads of the logits (kernels/common.py
+_penalised_tile: the mask words and the block's bias entries, no extra pass); the torch twin,
+contrastive scores and vocab-parallel shards apply them here, as one float32 copy of the rows.
 """
 from typing import NamedTuple, Optional
 
@@ -18,12 +20,14 @@ __all__ = ["LogitEdits", "prepare_edits", "shard_edits", "apply_edits"]
 
 
 class LogitEdits(NamedTuple):
-    allowed: Optional[torch.Tensor]     # bool [B, V]
-    bias_ids: Optional[torch.Tensor]    # int64 [B, NB], padding < 0
+    allowed: Optional[torch.Tensor]     # bool [B, V], or None: expand ``words``
+    bias_ids: Optional[torch.Tensor]    # int64 [B, NB], padding mapped to id 0
     bias_values: Optional[torch.Tensor]  # float32 [B, NB], 0 at padding
+    words: Optional[torch.Tensor] = None  # int32 [B, ceil(V / 32)]: the mask as given
 
 
-def _allowed(mask, B, V, device):
+def _mask_words(mask, B, V, device):
+    """The validated mask, int32 [B, ceil(V / 32)] and contiguous."""
     words = (V + 31) // 32
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32 \
             or tuple(mask.shape) != (B, words):
@@ -33,8 +37,18 @@ def _allowed(mask, B, V, device):
     if mask.device != device:
         raise ValueError(f"allowed_mask must be on the logits' device {device}, got "
                          f"{mask.device}")
-    bits = (mask[:, :, None] >> torch.arange(32, device=device, dtype=torch.int32)) & 1
-    return bits.view(B, words * 32)[:, :V].bool()
+    return mask.contiguous()
+
+
+def _bits(words, V):
+    """bool [B, V]: bit j of word w is token 32 w + j."""
+    B, W = words.shape
+    bits = (words[:, :, None] >> torch.arange(32, device=words.device, dtype=torch.int32)) & 1
+    return bits.view(B, W * 32)[:, :V].bool()
+
+
+def _allowed(mask, B, V, device):
+    return _bits(_mask_words(mask, B, V, device), V)
 
 
 def _bias(logit_bias, B, V, device, check):
@@ -68,13 +82,13 @@ def prepare_edits(logits, allowed_mask, logit_bias, check):
     if allowed_mask is None and logit_bias is None:
         return None
     B, V = logits.shape
-    allowed = None if allowed_mask is None else _allowed(allowed_mask, B, V, logits.device)
-    if check and allowed is not None:
-        _check_some_allowed(allowed, V)
+    words = None if allowed_mask is None else _mask_words(allowed_mask, B, V, logits.device)
+    if check and words is not None:
+        _check_some_allowed(_bits(words, V), V)
     ids = values = None
     if logit_bias is not None:
         ids, values = _bias(logit_bias, B, V, logits.device, check)
-    return LogitEdits(allowed, ids, values)
+    return LogitEdits(None, ids, values, words)
 
 
 def _check_some_allowed(allowed, V):
@@ -110,8 +124,11 @@ def shard_edits(allowed_mask, logit_bias, B, V, start, width, device, check):
 def apply_edits(rows, edits):
     """float32 [B, V]: ``rows`` with the mask and the bias applied (a new tensor)."""
     x = rows.to(torch.float32, copy=True)
-    if edits.allowed is not None:
-        x.masked_fill_(~edits.allowed, float("-inf"))
+    allowed = edits.allowed
+    if allowed is None and edits.words is not None:
+        allowed = _bits(edits.words, x.shape[1])
+    if allowed is not None:
+        x.masked_fill_(~allowed, float("-inf"))
     if edits.bias_ids is not None:
         # Duplicate ids add up; index_put_ with accumulate is deterministic per element.
         rows_idx = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(edits.bias_ids)

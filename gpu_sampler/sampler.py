@@ -43,17 +43,33 @@ def _twin_rows(logits, cd, check):
 
 
 def _edited(logits, cd, logit_edits, check, backend):
-    """(rows, cd) the sampler runs on: with a mask or bias, the edited float32 rows (the
-    contrastive scores materialised first), and no fused contrastive step."""
+    """(rows, cd, fused) the sampler runs on. The Triton backend takes a mask or bias as it
+    reads the logits (``fused``); elsewhere the rows are the edited float32 copy (the
+    contrastive scores materialised first, then no fused contrastive step)."""
     if logit_edits is None:
-        return logits, cd
+        return logits, cd, None
+    if cd is None and params.pick_backend(backend, logits) == "triton":
+        return logits, None, logit_edits
     if cd is not None:
         logits = contrastive.contrastive_scores(logits, cd.amateur_logits, cd_alpha=cd.alpha,
                                                 cd_beta=cd.beta, check=check, backend=backend)
-    return edits.apply_edits(logits, logit_edits), None
+    return edits.apply_edits(logits, logit_edits), None, None
 
 
-def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend):
+def _fused_kwargs(fused):
+    """fused_sample's mask / bias arguments for the edits it applies itself."""
+    if fused is None:
+        return {}
+    bias = None if fused.bias_ids is None else (fused.bias_ids, fused.bias_values)
+    return dict(allowed_words=fused.words, logit_bias=bias)
+
+
+def _shown(rows, fused):
+    """The rows as the sampler saw them, for an error message about one of them."""
+    return rows if fused is None else edits.apply_edits(rows, fused)
+
+
+def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused=None):
     """(tokens, logprobs) from the kernel or the twin; invalid rows give -1 / -inf."""
     if rows.shape[0] == 0:
         return (torch.empty(0, dtype=torch.int64, device=rows.device),
@@ -61,19 +77,21 @@ def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend):
     if params.pick_backend(backend, rows) == "triton":
         from . import kernels
         return kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens,
-                                    seed=seed, offset=offset, **_cd_kwargs(cd), **p.as_kwargs())
+                                    seed=seed, offset=offset, **_cd_kwargs(cd),
+                                    **_fused_kwargs(fused), **p.as_kwargs())
     return reference.twin_sample(_twin_rows(rows, cd, False), p, input_ids, prompt_lens, seed,
                                  offset)
 
 
-def _probs(rows, cd, p, input_ids, prompt_lens, backend):
+def _probs(rows, cd, p, input_ids, prompt_lens, backend, fused=None):
     """float32 [B, V], the distribution ``_draw`` samples from (zero rows where invalid)."""
     if rows.shape[0] == 0:
         return torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
     if params.pick_backend(backend, rows) == "triton":
         from . import kernels
         return kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens,
-                                    write_probs=True, **_cd_kwargs(cd), **p.as_kwargs())
+                                    write_probs=True, **_cd_kwargs(cd), **_fused_kwargs(fused),
+                                    **p.as_kwargs())
     return reference.twin_distribution(_twin_rows(rows, cd, False), p, input_ids, prompt_lens)
 
 
@@ -151,23 +169,23 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
         logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
     n_top = params.check_top_n(top_logprobs, logprobs_mode)
-    rows, cd = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias, check),
-                       check, backend)
+    rows, cd, fused = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias,
+                                                                check), check, backend)
     if seed is None:
         seed = params.draw_seeds(logits.shape[0], logits.device, generator,
                                  params.needs_random(p.temperature))
         offset = 0
-    tok, logp = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend)
+    tok, logp = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused)
     if check and logits.shape[0] > 0:
         bad = tok < 0
         if bool(bad.any()):
-            _raise_bad(rows, cd, bad, "sample")
+            _raise_bad(_shown(rows, fused), cd, bad, "sample")
     if n_top is None:
         return (tok, logp) if return_logprobs else tok
     if logprobs_mode == "raw":
         scores = torch.log_softmax(logits.to(torch.float32), 1)
     else:
-        scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend))
+        scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend, fused))
     return SampleOutput(tok, logp, *rng.top_n(scores, n_top))
 
 
@@ -249,11 +267,11 @@ def sampling_distribution(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=
     p, input_ids, prompt_lens, _, _ = params.normalise(
         logits, values, input_ids, prompt_lens, check=check, backend=backend)
     cd = contrastive.contrastive_args(logits, amateur_logits, cd_alpha, cd_beta, check)
-    rows, cd = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias, check),
-                       check, backend)
-    probs = _probs(rows, cd, p, input_ids, prompt_lens, backend)
+    rows, cd, fused = _edited(logits, cd, edits.prepare_edits(logits, allowed_mask, logit_bias,
+                                                                check), check, backend)
+    probs = _probs(rows, cd, p, input_ids, prompt_lens, backend, fused)
     if check and logits.shape[0] > 0:
         bad = ~(probs.sum(1) > 0)
         if bool(bad.any()):
-            _raise_bad(rows, cd, bad, "sample from")
+            _raise_bad(_shown(rows, fused), cd, bad, "sample from")
     return probs

@@ -22,7 +22,7 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
        "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
        "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
-       "qi_ptr": "*i32"}
+       "qi_ptr": "*i32", "x_ptr": "*i32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -52,7 +52,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     fn = _kernel(kernel)
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
-                  WRITE_PROBS=False, CD=False, **GEOM)
+                  HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
@@ -110,6 +110,10 @@ VARIANTS = {
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=72)),
+    # a request's token mask and logit bias, applied by the loader of every logits read
+    "stats:mask+bias": ("stats", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, num_warps=4,
+                                      maxnreg=64)),
+    "merge:mask+bias": ("merge", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, maxnreg=128)),
     "stats:plain-bf16": ("stats", dict(HAS_REP=False, logits_dtype="bf16", num_warps=4,
                                        maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),

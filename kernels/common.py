@@ -145,9 +145,10 @@ def _cd_scores(e, a, la, beta, me):
 
 
 @triton.jit
-def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
+def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres, freq,
                     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+                    HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                     arow_ptr, la, beta, me, CD: tl.constexpr, LOCAL: tl.constexpr):
     """Statistics block t of the row: (token ids, in-bounds mask, penalised xp, expert block
     max, min expert logit on the block's head).
@@ -160,6 +161,12 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
     With CD the row is the contrastive score of the expert logits (lrow) and the amateur's
     (arow, one extra read), cut to the head of ``me`` (the row's expert max), or with LOCAL of
     the block's own expert max (a superset of the row's head: the merge corrects it).
+
+    A request's mask and bias (gpu_sampler/edits.py) come next, before the penalties, from the
+    row's edit table ``xrow`` (kernels/launch.py ``edit_table``): a disallowed lane becomes -inf
+    (the block reads its TILE / 8 bytes of mask words), and the block's own bias entries, sorted
+    by id, are added one after the other (duplicates add up in their given order, as torch's
+    accumulating index_put_ does).
     """
     # int64 only in the block's base pointer: per-lane offsets stay int32 (V < 2^31)
     start = tl.cast(t, tl.int64) * TILE
@@ -176,6 +183,14 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, NT, t, V, rep, pres, freq,
         emax = me
         elo = tl.min(tl.where(_head(xp, me, la), xp, float("inf")), axis=0)
         xp = _cd_scores(xp, a, la, beta, me)
+    if HAS_MASK:
+        word = tl.load(xrow_ptr + tl.load(xrow_ptr + 1) + (offs >> 5), mask=inb, other=0)
+        xp = tl.where(((word >> (offs & 31)) & 1) != 0, xp, float("-inf"))
+    if HAS_BIAS:
+        nb = tl.load(xrow_ptr)
+        for h in range(tl.load(xrow_ptr + 2 + t), tl.load(xrow_ptr + 3 + t)):
+            hit = lane == tl.load(xrow_ptr + h) - start.to(tl.int32)
+            xp = tl.where(hit, xp + tl.load(xrow_ptr + h + nb).to(tl.float32, bitcast=True), xp)
     if HAS_REP or HAS_PF:
         e0 = tl.load(brow_ptr + t)
         e1 = tl.load(brow_ptr + NT + t)

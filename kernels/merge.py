@@ -121,19 +121,21 @@ def _cand_search(xs_ptr, base, n, M, lo, pv, lo_mass, target,
 
 
 @triton.jit
-def _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_mass, target,
+def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_mass, target,
                 arow, la, beta, me,
                 USE_COUNT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                 NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
-                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
+                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                HAS_BIAS: tl.constexpr, CD: tl.constexpr):
     """The same search over the whole row (fallback): one pass over the logits per round."""
     rounds = tl.zeros([], tl.int32)
     while (lo < pv) & (rounds < MAX_ROUNDS):
         piv = _pivots(lo, pv, NPIV)
         cnt, mass, nxt, prv = _pivot_init(NPIV)
         for t in range(0, NT):
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                                                  HAS_BIAS,
                                                   arow, la, beta, me, CD, False)
             x = xp / tdiv
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
@@ -145,24 +147,26 @@ def _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lo, pv, lo_ma
 
 
 @triton.jit
-def _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, me,
+def _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, me,
                TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
-               HAS_PF: tl.constexpr, CD: tl.constexpr):
+               HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+               CD: tl.constexpr):
     """max xp over the row's non-NaN tokens: one pass, for rows whose x overflowed."""
     best = tl.full([], float("-inf"), tl.float32)
     for t in range(0, NT):
-        _, _, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                         TILE, E_BLOCK, HAS_REP, HAS_PF,
+        _, _, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                         TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                          arow, la, beta, me, CD, False)
         best = tl.maximum(best, tl.max(tl.where(xp == xp, xp, float("-inf")), axis=0))
     return best
 
 
 @triton.jit
-def _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, target,
+def _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, target,
                  rep, pres, freq, arow, la, beta, me,
                  KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
+                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, CD: tl.constexpr):
     """The first token of block tb whose xp equals target (greedy rows, x = xp). From the
     block's candidates (stored in id order; they hold its max) when it kept any and target is
     finite, else from the block itself (one block re-read: tie-heavy blocks, +inf)."""
@@ -173,8 +177,8 @@ def _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, target,
         v = tl.load(cand_ptr + cb + kl, mask=kl < ncand, other=EMPTY_SLOT)
         idx = tl.min(tl.where(_cand_x(v) == target, _cand_id(v), 2147483647), axis=0)
     else:
-        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, tb, V, rep, pres, freq,
-                                              TILE, E_BLOCK, HAS_REP, HAS_PF,
+        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, tb, V, rep, pres, freq,
+                                              TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                               arow, la, beta, me, CD, False)
         idx = tl.min(tl.where(inb & (xp == target), offs, 2147483647), axis=0)
     return idx.to(tl.int64)
@@ -183,7 +187,7 @@ def _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, target,
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
 def _merge_kernel(
     logits_ptr, stride_lb, V, NT,
-    edits_ptr, stride_eb, bnd_ptr,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s,
     rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     seed_ptr, seed_s, off_ptr, off_s,
@@ -194,7 +198,8 @@ def _merge_kernel(
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, HAS_MINP: tl.constexpr,
-    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, WRITE_PROBS: tl.constexpr,
+    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WRITE_PROBS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
@@ -218,6 +223,7 @@ def _merge_kernel(
     arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
+    xrow = x_ptr + row * stride_xb
     wfrow = wf_ptr + row * NF * NT
     wirow = wi_ptr + row * NI * NT
 
@@ -259,9 +265,11 @@ def _merge_kernel(
         tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
         t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
         while t < NT:
-            _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
+            _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
-                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, True, False, R, False)
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT,
+                                  NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, True, False,
+                                  R, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
@@ -283,8 +291,8 @@ def _merge_kernel(
     # in one more pass; the token of a greedy row is found in one block.
     xpmax = tl.where(npos > 0, float("inf"), M)
     if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
-        xpmax = _row_xpmax(lrow, erow, brow, NT, V, rep, pres, freq, arow, la, beta, Me,
-                           TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
+        xpmax = _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, Me,
+                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
     # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
     # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
     ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
@@ -294,9 +302,9 @@ def _merge_kernel(
     if valid & greedy:
         tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
         ncand = tl.load(wirow + I_NCAND * NT + tb)
-        gidx = _first_index(lrow, erow, brow, cand_ptr, row, NT, V, tb, ncand, xpmax,
+        gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
                             rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
-                            HAS_REP, HAS_PF, CD)
+                            HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
     if HAS_TOPK:
@@ -419,8 +427,9 @@ def _merge_kernel(
         if redo:
             t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
             while t < NT:
-                offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres,
+                offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres,
                                                       freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                                                      HAS_MASK, HAS_BIAS,
                                                       arow, la, beta, Me, CD, False)
                 x = xp / tdiv
                 sel = inb & (x >= LB)
@@ -499,16 +508,19 @@ def _merge_kernel(
         tau = tl.where(ovf, 0.0, lmin)
         zk = Z
         if k_act & (~ovf):
-            tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, lmin, M, Z,
+            tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lmin,
+                                  M, Z,
                                   k.to(tl.float32), arow, la, beta, Me, True, TILE, E_BLOCK,
-                                  NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, CD)
+                                  NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
         if p_act & (~ovf):
-            tau, zk = _row_search(lrow, erow, brow, NT, V, rep, pres, freq, tdiv, M, tau, M, zk,
+            tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, tau, M,
+                                  zk,
                                   p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
-                                  MAX_ROUNDS, HAS_REP, HAS_PF, CD)
+                                  MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
         for t in range(0, NT):
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                                                  HAS_BIAS,
                                                   arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
@@ -545,12 +557,13 @@ def _merge_kernel(
 @triton.jit(do_not_specialize=["TPC"])
 def _write_probs_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
-    edits_ptr, stride_eb, bnd_ptr,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, minp_ptr, minp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     sf_ptr, si_ptr, probs_ptr, stride_pb,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
     TEMP_T: tl.constexpr, MINP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr,
     FREQ_T: tl.constexpr, HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr,
     CD: tl.constexpr,
 ):
@@ -561,6 +574,7 @@ def _write_probs_kernel(
     lrow = logits_ptr + row * stride_lb
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
+    xrow = x_ptr + row * stride_xb
     prow = probs_ptr + row * stride_pb
     arow = am_ptr + row * stride_ab
     la = _param(la_ptr, la_s, row, LA_T)
@@ -588,8 +602,9 @@ def _write_probs_kernel(
         offs = t * TILE + tl.arange(0, TILE)
         inb = offs < V
         if sampling:
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF,
+            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                                                  HAS_BIAS,
                                                   arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)

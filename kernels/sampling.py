@@ -27,7 +27,7 @@ import torch
 import triton
 
 from .history import _bucket_history_kernel
-from .launch import log_alpha, next_pow2, split_param
+from .launch import edit_table, log_alpha, next_pow2, split_param
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
@@ -116,7 +116,8 @@ class _Call:
     logits: torch.Tensor
     g: dict                 # plan(): TILE, NT, NT_P2, KT, CB, C, TPC
     p: dict                 # name -> _Param (see _PARAMS)
-    hist: tuple             # (edits, stride_eb, bnd): the bucketed history, or dummies
+    hist: tuple             # (edits, stride_eb, bnd, table, stride_xb): the bucketed
+                            # history and the mask / bias table, or dummies
     cdargs: tuple           # contrastive arguments (dummies without amateur logits)
     wc: torch.Tensor        # contrastive per-block workspace
     const: dict             # constexprs and compile options every sampling launch takes
@@ -204,6 +205,17 @@ def _history(logits, input_ids, p, g, needed):
     return edits, L, bnd, e_block
 
 
+def _edits(logits, allowed_words, logit_bias, g):
+    """(table, stride): the mask and bias table every block reads (kernels/launch.py
+    edit_table), or a dummy when the call has neither."""
+    if allowed_words is None and logit_bias is None:
+        return [logits, 0]
+    ids, values = (None, None) if logit_bias is None else logit_bias
+    table = edit_table(allowed_words, ids, values, logits.shape[0], g["NT"], g["TILE"],
+                       logits.device)
+    return [table, table.stride(0)]
+
+
 def _penalty_args(c):
     return (*c.p["temp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair())
 
@@ -269,8 +281,9 @@ def _launch_probs(c, sf, si):
 def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
-                 amateur_logits=None, cd_alpha=0.1, cd_beta=0.5,
-                 tile=None, npiv=8, max_rounds=64, num_warps=None, chunks=None, cand=None):
+                 amateur_logits=None, cd_alpha=0.1, cd_beta=0.5, allowed_words=None,
+                 logit_bias=None, tile=None, npiv=8, max_rounds=64, num_warps=None, chunks=None,
+                 cand=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
     Parameters are already validated by the public layer (gpu_sampler.sample): each is a Python
@@ -282,6 +295,9 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     same launches: one extra read of the amateur logits, no [B, V] scores in memory.
     ``tile`` (statistics block), ``chunks`` (programs per row in stage 1) and ``cand``
     (candidate slots per block) change the geometry, never the result (tests force them).
+    ``allowed_words`` (int32 [B, ceil(V / 32)]) and ``logit_bias`` ((ids int64, values
+    float32) [B, NB], padding mapped to id 0 / value 0) are a request's mask and bias
+    (gpu_sampler/edits.py), applied by every block as it loads its logits: no extra pass.
     """
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -296,8 +312,10 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, offset),
                 logits)
     *hist, e_block = _history(logits, input_ids, p, g, has_rep or has_pf)
+    hist += _edits(logits, allowed_words, logit_bias, g)
     const = dict(TEMP_T=p["temp"].t, REP_T=p["rep"].t, PRES_T=p["pres"].t, FREQ_T=p["freq"].t,
-                 HAS_REP=has_rep, HAS_PF=has_pf, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
+                 HAS_REP=has_rep, HAS_PF=has_pf, HAS_MASK=allowed_words is not None,
+                 HAS_BIAS=logit_bias is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
     # stage 1: small programs, 8 resident per SM at <= 64 registers
     c = _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, wide,
               4 if num_warps is None else num_warps)

@@ -51,12 +51,14 @@ def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
 
 
 @triton.jit
-def _gather_block(lrow, erow, brow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI, minp,
+def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI,
+                  minp,
                   la, beta, me, k0, k1, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-                  HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr):
+                  HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, CD: tl.constexpr):
     """Block t's draw partial over its kept tokens (module docstring)."""
-    offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                          TILE, E_BLOCK, HAS_REP, HAS_PF,
+    offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                          TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
     e = tl.exp(x - M)
@@ -73,14 +75,15 @@ def _gather_block(lrow, erow, brow, arow, qf, qi, NT, t, V, rep, pres, freq, tdi
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "seed_s", "off_s"])
 def _gather_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
-    edits_ptr, stride_eb, bnd_ptr,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
     rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
     S_ZF: tl.constexpr, NS: tl.constexpr,
@@ -110,11 +113,13 @@ def _gather_kernel(
         arow = am_ptr + row * stride_ab
         erow = edits_ptr + row * stride_eb
         brow = bnd_ptr + row * 2 * NT
+        xrow = x_ptr + row * stride_xb
         qf = qf_ptr + row * NQ * NT
         qi = qi_ptr + row * NQI * NT
         for t in range(c * TPC, tl.minimum(c * TPC + TPC, NT)):
-            _gather_block(lrow, erow, brow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
-                          HI, minp, la, beta, me, k0, k1, TILE, E_BLOCK, HAS_REP, HAS_PF, CD)
+            _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
+                          HI, minp, la, beta, me, k0, k1, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                          HAS_MASK, HAS_BIAS, CD)
 
 
 @triton.jit

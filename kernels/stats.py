@@ -84,17 +84,18 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT, t, V,
+def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
                  rep, pres, freq, tdiv, c2, la, beta, me, k0, k1,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
-                 HAS_PF: tl.constexpr, CD: tl.constexpr, LOCAL: tl.constexpr,
+                 HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 CD: tl.constexpr, LOCAL: tl.constexpr,
                  R: tl.constexpr, DRAW: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace; for a
     pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
-    offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, NT, t, V, rep, pres, freq,
-                                               TILE, E_BLOCK, HAS_REP, HAS_PF,
+    offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                               TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                                arow, la, beta, me, CD, LOCAL)
     # Statistics in xp (before the temperature): x = fl(xp / T) is monotone in xp, so max, min,
     # windows and candidates carry over, and no lane divides (the merge divides candidates).
@@ -209,7 +210,7 @@ def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.conste
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "topk_s", "seed_s", "off_s"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
-    edits_ptr, stride_eb, bnd_ptr,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
     wf_ptr, wi_ptr, cand_ptr,
@@ -218,7 +219,7 @@ def _stats_kernel(
     TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
     OFF_T: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
     HAS_MINP: tl.constexpr, PURE_OK: tl.constexpr,
-    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+    HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr,
@@ -234,6 +235,7 @@ def _stats_kernel(
     arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
+    xrow = x_ptr + row * stride_xb
     wfrow = wf_ptr + row * NF * NT
     wirow = wi_ptr + row * NI * NT
 
@@ -259,32 +261,36 @@ def _stats_kernel(
             # candidates' are allocated apart (one loop holding both spilled under the 64 cap)
             k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
             for t in range(c * TPC, t_end):
-                _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
+                _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                              t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
-                             TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, False, True, R,
+                             TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
+                             False, True, R,
                              True)
         else:
-            _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+            _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
+                       c * TPC,
                        t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
-                       D0_EXP, HAS_REP, HAS_PF, CD, R)
+                       D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R)
     else:
-        _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+        _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
                    t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
-                   D0_EXP, HAS_REP, HAS_PF, CD, R)
+                   D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R)
 
 
 @triton.jit
-def _cand_loop(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
+def _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
                rep, pres, freq, tdiv, c2, la, beta, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
-               HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, CD: tl.constexpr, R: tl.constexpr):
+               HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+               HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr):
     """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
     candidates per block."""
     zero = tl.zeros([], tl.uint32)
     for t in range(t0, t_end):
-        emax, elo = _block_stats(lrow, arow, erow, brow, wfrow, wirow, cand_ptr, row, NT,
+        emax, elo = _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
                                  zero, zero, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF,
+                                 HAS_MASK, HAS_BIAS,
                                  CD, True, R, False)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
