@@ -234,7 +234,7 @@ def _decode(model, plan, bufs, streamer):
     for i in range(inp.max_new):
         cur = inp.L0 + i
         scores = _process(plan, bufs, outputs, fwd, cur)
-        tok = stop.admit(plan, _draw(plan, bufs, scores, fwd.sample_kw))
+        tok = stop.admit(plan, _draw(plan, bufs, scores, fwd.sample_kw, cur))
         bufs.append(cur, tok)
         if streamer is not None:
             streamer.put(tok.cpu())
@@ -311,15 +311,17 @@ def _process(plan, bufs, outputs, fwd, cur):
         scores = plan.torch_procs(bufs.out[:, :cur], scores)
     if plan.want_scores:
         outputs.scores.append(processed_logits_reference(
-            scores, input_ids=bufs.hist, prompt_lens=plan.inputs.L0, **plan.ref_kw))
+            plan.edits.apply(scores, cur), input_ids=bufs.hist, prompt_lens=plan.inputs.L0,
+            **plan.ref_kw))
     return scores
 
 
-def _draw(plan, bufs, scores, cd_kw):
+def _draw(plan, bufs, scores, cd_kw, cur):
+    """sample() at column `cur`, the single-token processors as its logit_bias."""
     # Seeded: a row's draw depends only on (its seed, its position), not on the batch.
     offset = bufs.text_next_pos() if plan.seeded else None
     return sample(scores, input_ids=bufs.hist, prompt_lens=plan.inputs.L0, check=False,
-                  offset=offset, **plan.sample_kw, **cd_kw)
+                  offset=offset, **plan.sample_kw, **cd_kw, **plan.edits.kwargs(cur, scores))
 
 
 def _feed(plan, bufs, step, tok, cur):

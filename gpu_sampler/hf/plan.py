@@ -18,7 +18,7 @@ from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
 from .common import Unsupported, is_in
-from .processors import finite_number, plan_processors, refuse_config
+from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
 __all__ = ["Extras", "Resolved", "Inputs", "Plan", "refuse_arguments", "pop_extras",
@@ -78,6 +78,7 @@ class Plan:
     """How the decode loop processes, samples and stops, resolved once for the call."""
     inputs: Inputs
     torch_procs: lp.LogitsProcessorList      # processors that run in torch before sample()
+    edits: TokenEdits                        # single-token processors: sample()'s logit_bias
     host_crit: sc.StoppingCriteriaList       # criteria checked on the host (not length / EOS)
     has_eos: bool
     eos: Optional[torch.Tensor]
@@ -280,7 +281,7 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
     """Processors, stopping criteria, the fused sample() arguments and what is returned."""
     gc = inputs.gc
     procs, user_lp = processors(model, inputs, logits_processor)
-    torch_procs, fused = plan_processors(procs, user_lp, bool(gc.do_sample))
+    torch_procs, fused, edits = plan_processors(procs, user_lp, bool(gc.do_sample))
     has_eos, host_crit = _criteria(model, gc, stopping_criteria, extras.tokenizer)
     sample_kw = dict(fused)
     sample_kw.setdefault("repetition_penalty", 1.0)
@@ -303,7 +304,7 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
         amateur = amateur.fused(not (len(torch_procs) or want_scores or want_logits))
     params = inspect.signature(model.forward).parameters
     return Plan(
-        inputs=inputs, torch_procs=torch_procs, host_crit=host_crit, has_eos=has_eos,
+        inputs=inputs, torch_procs=torch_procs, edits=edits, host_crit=host_crit, has_eos=has_eos,
         eos=gc._eos_token_tensor, pad=gc._pad_token_tensor, sample_kw=sample_kw, ref_kw=ref_kw,
         seeded=extras.seed is not None, compile=extras.compile, amateur=amateur,
         want_scores=want_scores, want_logits=want_logits,

@@ -73,6 +73,7 @@ class _Run:
     user_lp: Any = None
     user_sc: Any = None
     torch_procs: Any = None                   # the part that runs in torch before sample()
+    edits: Any = None                         # single-token processors: sample()'s logit_bias
     sample_kw: Any = None
     ref_kw: Any = None                        # the torch twin's kwargs (output_scores)
     do_sample: bool = False
@@ -274,7 +275,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
                                          "attention_mask": run.mk.get("attention_mask")})
     run.do_sample = bool(gc.do_sample)
     run.procs, run.user_lp, run.user_sc = procs, user_lp, stopping_criteria
-    run.torch_procs, fused = plan_processors(procs, user_lp, run.do_sample)
+    run.torch_procs, fused, run.edits = plan_processors(procs, user_lp, run.do_sample)
     user_sc = list(stopping_criteria or [])
     crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), extras.tokenizer)
     run.has_eos = any(hasattr(c, "eos_token_id") for c in crit)
@@ -493,11 +494,11 @@ def _choose(run, st, rec, step, cur):
     rec.last_scores = scores
     if run.want_scores:
         rec.scores.append(processed_logits_reference(
-            scores, input_ids=st.hist, prompt_lens=run.L0, **run.ref_kw))
-    kw = run.sample_kw
+            run.edits.apply(scores, cur), input_ids=st.hist, prompt_lens=run.L0, **run.ref_kw))
+    kw = dict(run.sample_kw, **run.edits.kwargs(cur, scores))
     if run.seeded:
         # A row's draw depends only on (its seed, its decoder position): batch-independent.
-        kw = dict(kw, offset=cur)
+        kw["offset"] = cur
     return sample(scores, input_ids=st.hist, prompt_lens=run.L0, check=False, **kw)
 
 
