@@ -93,3 +93,21 @@ def test_fused_edits_force_the_row_pass_and_ban_everything():
     want = _run(edits.apply_edits(x, ed), **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert got[0][2] == -1 and got[0][:2].ge(0).all()
+
+
+def test_generate_bias_and_bans_through_the_kernel(monkeypatch):
+    """generate()'s single-token sequence_bias / bad_words_ids (hf/processors.py TokenEdits)
+    reach the kernel as logit_bias: token-identical to model.generate, with a penalty."""
+    from gpu_sampler import params
+    from gpu_sampler.hf.generation import generate
+    from tests.models import tiny_model
+    m = tiny_model("llama", seed=11)
+    ids = torch.randint(3, 1000, (2, 6), generator=torch.Generator().manual_seed(4))
+    base = dict(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    free = m.generate(ids, **base)[:, 6:]
+    kw = dict(base, repetition_penalty=1.3, bad_words_ids=[[int(free[0, 3])]],
+              sequence_bias={(int(free[0, 1]),): -2.75, (int(free[1, 2]),): -1.3, (17,): 3.1})
+    want = m.generate(ids, **kw)
+    assert not torch.equal(want[:, 6:], free)  # the edits matter
+    monkeypatch.setattr(params, "pick_backend", lambda backend, logits: "triton")
+    assert torch.equal(generate(m, ids, **kw), want)
