@@ -12,6 +12,8 @@ onto the row's grid exactly, and reports, per row kind and setting:
              bottom, the tighter kept) and how many tokens it holds
     estimate the error, in tokens, of the nucleus size estimated with each bin's mass taken
              as count e^lo (e^w - 1) / w (a uniform density inside the bin)
+    depth    how far below a block's max tau can lie: max over blocks of m_t - tau (the range
+             a block's bins must cover for tau not to fall in its open last bin)
 
     python bench/window_sim.py                 # bench/rows.py's kinds, V = 128256
 """
@@ -87,10 +89,16 @@ def estimate_error(x, p, inv_w, NB):
     return cnt[:J].sum().item() + frac * cnt[J].item() - nucleus(x, p)[0]
 
 
+def depth(x, p):
+    """max over blocks of (block max - tau_p), in units of x."""
+    tau = nucleus(x, p)[1]
+    return max(x[t * TILE:(t + 1) * TILE].max().item() for t in range(math.ceil(V / TILE))) - tau
+
+
 def main():
     print("| kind | T | p | nucleus | proven band w=1/8 (NB 128) | w=1/16 (NB 256) "
-          "| estimate error w=1/8 | w=1/4 (NB 64) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| estimate error w=1/8 | w=1/4 (NB 64) | depth |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for kind in KINDS:
         base = row_logits(kind, 1, V)[0].double()
         for T, p in SETTINGS:
@@ -98,7 +106,8 @@ def main():
             k = nucleus(x, p)[0]
             b8, b16 = proven_band(x, p, 8, 128), proven_band(x, p, 16, 256)
             e8, e4 = estimate_error(x, p, 8, 128), estimate_error(x, p, 4, 64)
-            print(f"| {kind} | {T} | {p} | {k} | {b8} | {b16} | {e8:+.0f} | {e4:+.0f} |")
+            print(f"| {kind} | {T} | {p} | {k} | {b8} | {b16} | {e8:+.0f} | {e4:+.0f} "
+                  f"| {depth(x, p):.1f} |")
 
 
 if __name__ == "__main__":
