@@ -14,7 +14,8 @@ measured programs are the real ones (docs/notes.md, kernels/README.md):
 ``row_kind`` (bench/workloads.py: "sigma3", "confident", "flat", "powerlaw") replaces the tool's
 N(0, 3^2) rows by rows of that kind (same shape and dtype), and ``mixed=true`` gives the rows
 the per-row parameters of workloads.py's mixed serving batch (greedy, T 1.0, T 1.0 p 0.95,
-T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind of row is traced):
+T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind of row is traced);
+``edits=true`` adds a request's token mask and 20 logit-bias entries a row:
 
     python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
         --rows 5 --case '64,128256,0,{"plan_batch": 64, "mixed": true, "seed": 1}'
@@ -22,8 +23,15 @@ T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind o
 from gpu_sampler.kernels.sampling import fused_sample, plan
 
 
-def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False, **kw):
+def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False,
+                edits=False, **kw):
     B, V = logits.shape
+    if edits:  # a request's mask and 20 logit-bias entries a row (bench/rows.py)
+        import torch
+        from bench.rows import request_edits
+        ed = request_edits(B, V, torch.Generator().manual_seed(0))
+        kw = dict(kw, allowed_words=ed["allowed_words"].to(logits.device),
+                  logit_bias=tuple(t.to(logits.device) for t in ed["logit_bias"]))
     if row_kind is not None:
         from bench.rows import row_logits
         logits = row_logits(row_kind, B, V).to(device=logits.device, dtype=logits.dtype)

@@ -29,6 +29,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from triton.runtime import interpreter as ti  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rows import request_edits  # noqa: E402
+
 CASES = [(1, 32000), (1, 128256), (8, 128256), (64, 128256), (256, 151936)]
 FULL = dict(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2)
 TOP_P = dict(temperature=0.7, top_p=0.9)
@@ -98,20 +101,6 @@ def load_kernels(path):
     return importlib.import_module(name)
 
 
-def _request_edits(rows, V, gen):
-    """A request's mask (half the vocabulary allowed) and 20 logit-bias entries, as
-    gpu_sampler/edits.py hands them to the launcher."""
-    from gpu_sampler import edits
-    allowed = torch.rand(rows, V, generator=gen) < 0.5
-    bits = torch.zeros(rows, (V + 31) // 32 * 32, dtype=torch.int64)
-    bits[:, :V] = allowed.long()
-    w = (bits.view(rows, -1, 32) << torch.arange(32)).sum(2)
-    words = torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
-    bias = (torch.randint(0, V, (rows, 20), generator=gen), torch.randn(rows, 20, generator=gen))
-    ed = edits.prepare_edits(torch.empty(rows, V), words, bias, False)
-    return dict(allowed_words=ed.words, logit_bias=(ed.bias_ids, ed.bias_values))
-
-
 def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False):
     """Counter for one call on `rows` rows with the geometry of B rows."""
     ks = mod.sampling
@@ -126,7 +115,7 @@ def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False):
         kw = dict(kw, amateur_logits=amateur, cd_alpha=0.1, cd_beta=0.5)
     if ids is not None:
         c.tag(ids, "history")
-    extra = _request_edits(rows, V, gen) if with_edits else {}
+    extra = request_edits(rows, V, gen) if with_edits else {}
     if hasattr(ks, "plan"):
         extra["chunks"] = ks.plan(B, V)["C"]
     saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace", "edit_table")

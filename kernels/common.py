@@ -164,9 +164,9 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
 
     A request's mask and bias (gpu_sampler/edits.py) come next, before the penalties, from the
     row's edit table ``xrow`` (kernels/launch.py ``edit_table``): a disallowed lane becomes -inf
-    (the block reads its TILE / 8 bytes of mask words), and the block's own bias entries, sorted
-    by id, are added one after the other (duplicates add up in their given order, as torch's
-    accumulating index_put_ does).
+    (the block reads its TILE / 8 bytes of mask words, at addresses known without a load), and
+    the block's own bias entries, sorted by id, are added one after the other (duplicates add up
+    in their given order, as torch's accumulating index_put_ does).
     """
     # int64 only in the block's base pointer: per-lane offsets stay int32 (V < 2^31)
     start = tl.cast(t, tl.int64) * TILE
@@ -184,11 +184,14 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         elo = tl.min(tl.where(_head(xp, me, la), xp, float("inf")), axis=0)
         xp = _cd_scores(xp, a, la, beta, me)
     if HAS_MASK:
-        word = tl.load(xrow_ptr + tl.load(xrow_ptr + 1) + (offs >> 5), mask=inb, other=0)
+        word = tl.load(xrow_ptr + (offs >> 5), mask=inb, other=0)
         xp = tl.where(((word >> (offs & 31)) & 1) != 0, xp, float("-inf"))
     if HAS_BIAS:
-        nb = tl.load(xrow_ptr)
-        for h in range(tl.load(xrow_ptr + 2 + t), tl.load(xrow_ptr + 3 + t)):
+        head = xrow_ptr
+        if HAS_MASK:
+            head += (V + 31) >> 5  # past the mask words
+        nb = tl.load(head)
+        for h in range(tl.load(head + 1 + t), tl.load(head + 2 + t)):
             hit = lane == tl.load(xrow_ptr + h) - start.to(tl.int32)
             xp = tl.where(hit, xp + tl.load(xrow_ptr + h + nb).to(tl.float32, bitcast=True), xp)
     if HAS_REP or HAS_PF:

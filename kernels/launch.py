@@ -22,30 +22,30 @@ def split_param(value, dummy):
 
 
 def edit_table(words, bias_ids, bias_values, B, NT, TILE, device):
-    """int32 [B, 3 + NT + 2 NB + W]: a request's mask and bias as the loader reads them.
+    """int32 [B, W + 1 + (NT + 1) + 2 NB]: a request's mask and bias as the loader reads them.
 
-    Per row: ``[NB, mask_at, start_0 .. start_NT, ids (NB), value bits (NB), mask words (W)]``;
-    the bias entries are sorted by id (stably: duplicates keep their order, so they add up as
-    torch's accumulating index_put_ adds them) and block t's entries are ``[start_t,
-    start_{t+1})`` (absolute offsets into the row). ``words`` int32 [B, W] or None; ``bias_ids``
-    int64 [B, NB] (padding already mapped to id 0 with value 0, as gpu_sampler/edits.py does)
-    and float32 ``bias_values``, or None. Built by a few small torch ops, no host sync.
+    Per row: ``[mask words (W = ceil(V / 32), or none), NB, start_0 .. start_NT, ids (NB),
+    value bits (NB)]``. The words come first so that a block's mask address needs no load (the
+    mask word is fetched together with the logits, not after a header); the bias entries are
+    sorted by id (stably: duplicates keep their order, so they add up as torch's accumulating
+    index_put_ adds them) and block t's entries are ``[start_t, start_{t+1})`` (absolute
+    offsets into the row). ``words`` int32 [B, W] or None; ``bias_ids`` int64 [B, NB] (padding
+    already mapped to id 0 with value 0, as gpu_sampler/edits.py does) and float32
+    ``bias_values``, or None. Built by a few small torch ops, no host sync.
     """
     nb = 0 if bias_ids is None else bias_ids.shape[1]
     nw = 0 if words is None else words.shape[1]
-    ids_at = 3 + NT
-    mask_at = ids_at + 2 * nb
-    table = torch.zeros((B, mask_at + nw), dtype=torch.int32, device=device)
-    table[:, 0] = nb
-    table[:, 1] = mask_at
+    ids_at = nw + 2 + NT
+    table = torch.zeros((B, ids_at + 2 * nb), dtype=torch.int32, device=device)
+    if nw:
+        table[:, :nw] = words
+    table[:, nw] = nb
     if nb:
         sid, order = torch.sort(bias_ids, dim=1, stable=True)
         edges = torch.arange(NT + 1, device=device, dtype=torch.int64) * TILE
         starts = torch.searchsorted(sid, edges.expand(B, NT + 1).contiguous())
-        table[:, 2:3 + NT] = (starts + ids_at).to(torch.int32)
+        table[:, nw + 1:ids_at] = (starts + ids_at).to(torch.int32)
         table[:, ids_at:ids_at + nb] = sid.to(torch.int32)
         vals = torch.gather(bias_values.to(torch.float32), 1, order).contiguous()
-        table[:, ids_at + nb:mask_at] = vals.view(torch.int32)
-    if nw:
-        table[:, mask_at:] = words
+        table[:, ids_at + nb:] = vals.view(torch.int32)
     return table
