@@ -150,6 +150,28 @@ def draw_seeds(B, device, generator, needed):
                          generator=generator)
 
 
+def per_row(v, B, dtype, device):
+    """``v`` as a [B] tensor of ``dtype`` (a number broadcast): how the torch ops take it."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device=device, dtype=dtype)
+    return torch.full((B,), v, dtype=dtype, device=device)
+
+
+def op_params(values, prompt_lens, seed, offset, B, device):
+    """(values, prompt_lens, seed, offset) as the custom ops take them under torch.compile:
+    every parameter a [B] tensor (int64 for top_k, prompt_lens, seed and offset); no seed
+    draws per-row seeds from torch's default generator."""
+    rows = {k: per_row(v, B, torch.int64 if k == "top_k" else torch.float32, device)
+            for k, v in values.items()}
+    if seed is None:
+        seed, offset = draw_seeds(B, device, None, True), 0
+    offset = 0 if offset is None else offset
+    if prompt_lens is not None:
+        prompt_lens = per_row(prompt_lens, B, torch.int64, device)
+    return (rows, prompt_lens, per_row(seed, B, torch.int64, device),
+            per_row(offset, B, torch.int64, device))
+
+
 def needs_random(temperature):
     """Whether a draw needs random bits: every row greedy (a number 0) needs none."""
     return isinstance(temperature, torch.Tensor) or temperature != 0.0

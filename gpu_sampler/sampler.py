@@ -214,12 +214,6 @@ def _(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_pen
     return (logits.new_empty(B, dtype=torch.int64), logits.new_empty(B, dtype=torch.float32))
 
 
-def _as_rows(v, B, dtype, device):
-    if isinstance(v, torch.Tensor):
-        return v.to(device=device, dtype=dtype)
-    return torch.full((B,), v, dtype=dtype, device=device)
-
-
 def _traced_sample(logits, values, input_ids, prompt_lens, seed, offset, extras,
                    return_logprobs, backend):
     """``sample()`` inside torch.compile: the op, with parameters as [B] tensors. Validation
@@ -228,17 +222,10 @@ def _traced_sample(logits, values, input_ids, prompt_lens, seed, offset, extras,
     if unsupported:
         raise NotImplementedError(f"sample() under torch.compile does not take {unsupported} "
                                   "yet: call it outside the compiled region")
-    B, dev = logits.shape[0], logits.device
-    rows = {k: _as_rows(v, B, torch.int64 if k == "top_k" else torch.float32, dev)
-            for k, v in values.items()}
-    if seed is None:
-        seed, offset = params.draw_seeds(B, dev, None, True), 0
-    offset = 0 if offset is None else offset
-    if prompt_lens is not None:
-        prompt_lens = _as_rows(prompt_lens, B, torch.int64, dev)
+    rows, prompt_lens, seed, offset = params.op_params(values, prompt_lens, seed, offset,
+                                                       logits.shape[0], logits.device)
     tok, logp = torch.ops.gpu_sampler.sample(
-        logits, input_ids=input_ids, prompt_lens=prompt_lens,
-        seed=_as_rows(seed, B, torch.int64, dev), offset=_as_rows(offset, B, torch.int64, dev),
+        logits, input_ids=input_ids, prompt_lens=prompt_lens, seed=seed, offset=offset,
         backend=backend, **rows)
     return (tok, logp) if return_logprobs else tok
 

@@ -21,7 +21,7 @@ for row K with (seed, offset + K), bit for bit; a residual draw is Gumbel-max ov
 same per-token noise, lowest id on ties. ``u_i`` is the uniform of the reserved id 2**32 - 1
 (no vocabulary reaches it), so it is independent of every token's noise.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -241,11 +241,14 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
         >>> tok.shape, n.shape
         (torch.Size([2, 4]), torch.Size([2]))
     """
-    _check_shapes(target_logits, draft_tokens, draft_probs)
-    B, K1, V = target_logits.shape
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
+    if torch.compiler.is_compiling():
+        return _traced(target_logits, draft_tokens, draft_probs, values, input_ids, prompt_lens,
+                       seed, offset, generator, return_logprobs, backend)
+    _check_shapes(target_logits, draft_tokens, draft_probs)
+    B, K1, V = target_logits.shape
     p, input_ids, prompt_lens, seed, offset = params.normalise(
         target_logits[:, 0], values, input_ids, prompt_lens, generator, seed, offset, check,
         backend)
@@ -265,5 +268,54 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
     last = _final_draw(P, Q, safe_drafts, n, seed, offset)
     last = _bonus(target_logits, safe_drafts, p, input_ids, prompt_lens, seed, offset, n, last)
     tokens, logprobs = _emit(P, safe_drafts, n, last, valid)
+    out = SpeculativeOutput(tokens, n, logprobs)
+    return out if return_logprobs else (out.tokens, out.num_accepted)
+
+
+# ---- the torch op: what torch.compile traces ----------------------------------------------
+
+@torch.library.custom_op("gpu_sampler::speculative_sample", mutates_args=())
+def _speculative_op(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                    draft_probs: Optional[torch.Tensor], temperature: torch.Tensor,
+                    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                    repetition_penalty: torch.Tensor, presence_penalty: torch.Tensor,
+                    frequency_penalty: torch.Tensor, input_ids: Optional[torch.Tensor],
+                    prompt_lens: Optional[torch.Tensor], seed: torch.Tensor,
+                    offset: torch.Tensor, backend: str
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.ops.gpu_sampler.speculative_sample``: ``speculative_sample(check=False,
+    return_logprobs=True)`` with every parameter a [B] tensor, as one opaque op."""
+    out = speculative_sample(target_logits, draft_tokens, draft_probs, temperature=temperature,
+                             top_k=top_k, top_p=top_p, min_p=min_p,
+                             repetition_penalty=repetition_penalty,
+                             presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, input_ids=input_ids,
+                             prompt_lens=prompt_lens, seed=seed, offset=offset,
+                             return_logprobs=True, check=False, backend=backend)
+    return out.tokens, out.num_accepted, out.logprobs
+
+
+@_speculative_op.register_fake
+def _(target_logits, draft_tokens, draft_probs, temperature, top_k, top_p, min_p,
+      repetition_penalty, presence_penalty, frequency_penalty, input_ids, prompt_lens, seed,
+      offset, backend):
+    B, K1 = target_logits.shape[:2]
+    return (target_logits.new_empty((B, K1), dtype=torch.int64),
+            target_logits.new_empty((B,), dtype=torch.int64),
+            target_logits.new_empty((B, K1), dtype=torch.float32))
+
+
+def _traced(target_logits, draft_tokens, draft_probs, values, input_ids, prompt_lens, seed,
+            offset, generator, return_logprobs, backend):
+    """``speculative_sample()`` inside torch.compile: the op, parameters as [B] tensors;
+    validation runs in the op's eager body (check=False semantics: invalid rows give -1)."""
+    if generator is not None:
+        raise NotImplementedError("speculative_sample() under torch.compile does not take a "
+                                  "generator: pass seed (and offset) tensors")
+    rows, prompt_lens, seed, offset = params.op_params(
+        values, prompt_lens, seed, offset, target_logits.shape[0], target_logits.device)
+    tokens, n, logprobs = torch.ops.gpu_sampler.speculative_sample(
+        target_logits, draft_tokens, draft_probs, input_ids=input_ids, prompt_lens=prompt_lens,
+        seed=seed, offset=offset, backend=backend, **rows)
     out = SpeculativeOutput(tokens, n, logprobs)
     return out if return_logprobs else (out.tokens, out.num_accepted)

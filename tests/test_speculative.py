@@ -179,3 +179,32 @@ def test_invalid_inputs(kind):
         r = int(match.split("row ")[1][0])
         assert bool((tok[r] == -1).all()) and int(n[r]) == 0
         assert bool((tok[1 - r, 0] >= 0).all())
+
+
+def test_torch_op_and_torch_compile_fullgraph():
+    """torch.ops.gpu_sampler.speculative_sample passes opcheck, and a compiled verification
+    step (fullgraph: no graph break) gives the eager tokens."""
+    g = torch.Generator().manual_seed(21)
+    B, K, V = 3, 4, 60
+    target = torch.randn(B, K + 1, V, generator=g) * 2
+    drafts = torch.randint(0, V, (B, K), generator=g)
+    q = torch.softmax(torch.randn(B, K, V, generator=g), -1)
+    hist = torch.randint(0, V, (B, 5), generator=g)
+    seeds, pos = torch.tensor([3, 4, 5]), torch.tensor([7, 7, 9])
+    r = lambda v, dt=torch.float32: torch.full((B,), v, dtype=dt)  # noqa: E731
+    torch.library.opcheck(torch.ops.gpu_sampler.speculative_sample.default,
+                          (target, drafts, q, r(0.8), r(10, torch.int64), r(0.9), r(0.0),
+                           r(1.2), r(0.0), r(0.0), hist, None, seeds, pos, "auto"))
+
+    def step(target, drafts, q, seeds, pos):
+        return speculative_sample(target, drafts, q, temperature=torch.tensor([0.0, 0.8, 1.1]),
+                                  top_k=torch.tensor([0, 10, 0]), top_p=0.9,
+                                  repetition_penalty=1.2, input_ids=hist, seed=seeds,
+                                  offset=pos, return_logprobs=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(target, drafts, q,
+                                                                        seeds, pos)
+    eager = step(target, drafts, q, seeds, pos)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert torch.equal(compiled.num_accepted, eager.num_accepted)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs)
