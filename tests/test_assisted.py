@@ -7,6 +7,8 @@ stop rows in the middle of a verified block. Sampling: exact in distribution (ch
 the first and second tokens over many seeded rows), and an assistant identical to the target
 has every draft accepted. Rollback: the returned cache equals plain generate's.
 """
+import warnings
+
 import pytest
 import torch
 from scipy import stats
@@ -16,7 +18,9 @@ import gpu_sampler
 from gpu_sampler.hf import slots
 from gpu_sampler.hf.drafts import Assistant
 from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch
 from tests.models import Recorder, tiny_model
+from tests.test_seq2seq import tiny_seq2seq
 
 V = 1000
 
@@ -170,6 +174,23 @@ def test_identical_assistant_accepts_every_draft_when_sampling():
     assert calls.n == 4 + 4 * 4
 
 
+def test_seeded_sampled_rows_equal_the_row_alone():
+    # A row's draws depend on its seed and positions only: not on the batch, its padding or
+    # how many drafts the other rows accepted.
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(3, 9, seed=6)
+    seeds = torch.tensor([11, 22, 33])
+    kw = dict(max_new_tokens=14, do_sample=True, temperature=0.7, top_k=30, seed=seeds,
+              repetition_penalty=1.2, presence_penalty=0.3)
+    for extra in (dict(assistant_model=_assistant(target)), dict(prompt_lookup_num_tokens=3)):
+        out = generate(target, ids, attention_mask=mask, **extra, **kw)
+        for b in range(3):
+            alone = ids[b, mask[b] == 1][None]
+            row = generate(target, alone, **extra, **dict(kw, seed=seeds[b:b + 1]))
+            assert torch.equal(row[0, alone.shape[1]:], out[b, 9:9 + row.shape[1] -
+                                                            alone.shape[1]])
+
+
 def _first_tokens(target, ids, n, **kw):
     out = generate(target, ids.expand(n, -1), max_new_tokens=3, do_sample=True, seed=0, **kw)
     return out[:, ids.shape[1]], out[:, ids.shape[1] + 1]
@@ -269,3 +290,23 @@ def test_refused_and_invalid_calls():
         generate(target, ids, prompt_lookup_num_tokens=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="assistant_model"):
         generate(target, ids, assistant_model="x", max_new_tokens=4)
+
+
+def test_patch_runs_it_and_hands_over_what_it_refuses():
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 8, seed=1)[0]
+    draft = _assistant(target)
+    ours = generate(target, ids, assistant_model=draft, max_new_tokens=6, do_sample=False)
+    patch(target)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert torch.equal(target.generate(ids, assistant_model=draft, max_new_tokens=6,
+                                           do_sample=False), ours)
+        target.generate(ids, prompt_lookup_num_tokens=2, num_beams=2, max_new_tokens=4)
+    messages = [str(w.message) for w in record if "gpu_sampler" in str(w.message)]
+    assert len(messages) == 1 and "num_beams" in messages[0]
+    t5 = tiny_seq2seq("t5")
+    src = torch.randint(3, 50, (1, 5))
+    for kw in (dict(assistant_model=t5), dict(prompt_lookup_num_tokens=2)):
+        with pytest.raises(NotImplementedError):
+            generate(t5, src, max_new_tokens=4, **kw)

@@ -59,8 +59,11 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
         ``bos_token_id``, or from ``inputs_embeds`` when given, as transformers does).
     generation_config, logits_processor, stopping_criteria, streamer
         As in transformers (user processors / criteria are merged by its rules).
-    prefix_allowed_tokens_fn, assistant_model, negative_prompt_ids,
-    negative_prompt_attention_mask, custom_generate, synced_gpus=True
+    assistant_model : causal LM with the model's vocabulary, optional
+        Assisted generation (as ``prompt_lookup_num_tokens=`` in the kwargs), greedy or
+        sampling, at any batch size: see :mod:`gpu_sampler.hf.assisted`.
+    prefix_allowed_tokens_fn, negative_prompt_ids, negative_prompt_attention_mask,
+    custom_generate, synced_gpus=True
         Refused with NotImplementedError naming the argument.
     **kwargs
         Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
@@ -93,8 +96,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     for ``cache_implementation="static"``, the passed cache when one was given).
 
     Raises ``Unsupported`` (a NotImplementedError; ``.feature`` names it) for any argument or
-    model it does not support (assisted decoding, Whisper, ...), before any side
-    effect, and ValueError for invalid arguments, like transformers.
+    model it does not support (an assistant with another tokenizer, Whisper, ...), before any
+    side effect, and ValueError for invalid arguments, like transformers.
 
     Example
     -------
