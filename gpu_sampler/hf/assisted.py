@@ -160,7 +160,8 @@ def prepare(model, plan, assistant_model, streamer):
 
 
 def run(model, run_, streamer):
-    """Prefill, then draft / verify steps until every row stops; generate()'s return value."""
+    """Draft / verify steps (the first one feeds the prompt too) until every row stops;
+    generate()'s return value."""
     plan, bufs = run_.plan, run_.bufs
     inp = plan.inputs
     if "seed" not in run_.kw:
