@@ -193,6 +193,33 @@ def _emit(P, draft_tokens, n, last, valid):
     return tokens, torch.where(tokens >= 0, lp, float("-inf"))
 
 
+def _greedy_verify(target_logits, draft_tokens, p, bad_draft, check):
+    """Every row greedy (temperature a number 0) and no penalty: p_i is one-hot at the argmax
+    (lowest id on ties), so only the argmaxes are needed. Returns a SpeculativeOutput, or None
+    for the general path (other parameters; an invalid row with check=True, whose error the
+    general path raises)."""
+    if isinstance(p.temperature, torch.Tensor) or p.temperature != 0 or p.has_repetition() \
+            or p.has_presence_frequency():
+        return None
+    K = draft_tokens.shape[1]
+    best = target_logits.argmax(2)
+    top = target_logits.gather(2, best[:, :, None]).squeeze(2)
+    valid = ~bad_draft & (~top.isnan() & (top > float("-inf"))).all(1)
+    bad = p.bad_rows()
+    if bad is not None:
+        valid &= ~bad
+    if check and not bool(valid.all()):
+        return None
+    n = torch.where(valid, (draft_tokens == best[:, :K]).to(torch.int64).cumprod(1).sum(1), 0)
+    pos = torch.arange(K + 1, device=best.device)[None, :]
+    drafts = torch.cat([draft_tokens, best.gather(1, n[:, None])], 1)
+    tokens = torch.where(pos < n[:, None], drafts, torch.where(pos == n[:, None], drafts[:, K:],
+                                                               -1))
+    tokens = torch.where(valid[:, None], tokens, -1)
+    logprobs = torch.where(tokens >= 0, 0.0, float("-inf"))
+    return SpeculativeOutput(tokens, n, logprobs)
+
+
 def _raise_invalid_position(target_logits, P):
     bad = ~(P.sum(2) > 0)
     r = int(bad.any(1).nonzero()[0, 0])
@@ -258,6 +285,9 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
     if check and bool(bad_draft.any()):
         _raise_bad_draft(draft_tokens, draft_probs, V, bad_draft)
     safe_drafts = torch.where(bad_draft[:, None], 0, draft_tokens.to(torch.int64))
+    fast = _greedy_verify(target_logits, safe_drafts, p, bad_draft, check)
+    if fast is not None:
+        return fast if return_logprobs else (fast.tokens, fast.num_accepted)
     P = _target_probs(target_logits, safe_drafts, p, input_ids, prompt_lens)
     valid = ~bad_draft & (P.sum(2) > 0).all(1)
     if check and not bool(valid.all()):

@@ -363,7 +363,7 @@ def test_buffers_double_between_steps(monkeypatch):
     (dict(guidance_scale=1.5), NotImplementedError, "guidance_scale"),
     (dict(prefix_allowed_tokens_fn=lambda b, x: [1]), NotImplementedError,
      "prefix_allowed_tokens_fn"),
-    (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
+    (dict(assistant_model="x"), ValueError, "assistant_model"),
     (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),
     (dict(encoder_repetition_penalty=1.5), NotImplementedError, "encoder_repetition_penalty"),
     (dict(cache_implementation="paged"), NotImplementedError, "cache_implementation"),

@@ -99,6 +99,27 @@ def test_greedy_rows_accept_while_the_draft_is_the_argmax():
         assert bool((tok[b, c + 1:] == -1).all())
 
 
+def test_greedy_fast_path_equals_the_general_path():
+    # A number 0 takes the argmax-only path; a per-row tensor of zeros the general one.
+    g = torch.Generator().manual_seed(5)
+    target = torch.randint(-2, 3, (6, 5, V), generator=g).float()  # ties at the max
+    drafts = target.argmax(-1)[:, :4].clone()
+    drafts[1, 2] = (drafts[1, 2] + 1) % V
+    drafts[2, 0] = V + 3                        # a bad draft row
+    target[3, 1] = float("nan")                 # a NaN position
+    target[4, 4] = float("-inf")                # nothing left at the bonus position
+    for args in ((), (None,)):
+        fast = speculative_sample(target, drafts, *args, temperature=0.0, check=False,
+                                  return_logprobs=True)
+        slow = speculative_sample(target, drafts, *args, temperature=torch.zeros(6),
+                                  check=False, return_logprobs=True)
+        for a, b in zip(fast, slow):
+            assert torch.equal(a, b)
+    assert fast.num_accepted.tolist() == [4, 2, 0, 0, 0, 4]
+    with pytest.raises(ValueError, match="row 0, position 1 contains NaN"):
+        speculative_sample(target[3:4], drafts[3:4], temperature=0.0)
+
+
 def test_bonus_token_is_sample_at_the_last_position():
     g = torch.Generator().manual_seed(14)
     target = torch.randn(6, 4, 50, generator=g)

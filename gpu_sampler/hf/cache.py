@@ -211,6 +211,37 @@ class StaticKVLayer(CacheLayerMixin):
             self._resize(max_cache_len, [((0, n), (0, n))])
         self.max_cache_len = max_cache_len
 
+    def gathered(self, index):
+        """(keys, values) copies [B, H, T, D] of the positions ``index`` (int64 [B, T]) names
+        per row: position j of row b is this layer's position index[b, j]."""
+        b, t = index.shape
+        self.check_gather(index)
+        idx = index.to(self.device)[:, None, :, None]
+        n = self._used_slots()
+        k = self.keys[:b, :, :n].gather(2, idx.expand(b, self.keys.shape[1], t,
+                                                      self.keys.shape[-1]))
+        v = self.values[:b, :, :n].gather(2, idx.expand(b, self.values.shape[1], t,
+                                                        self.values.shape[-1]))
+        return k, v
+
+    def check_gather(self, index):
+        """Raise ValueError unless ``gathered(index)`` reads written positions of this layer."""
+        if index.dim() != 2 or index.shape[0] > self.max_batch_size:
+            raise ValueError(f"index must be int64 [B, T] with B <= {self.max_batch_size}, got "
+                             f"{tuple(index.shape)}")
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.cumulative_length):
+            raise ValueError(f"index must name written positions [0, {self.cumulative_length})")
+
+    def gather_positions(self, index):
+        """Rearrange every row's positions in place (see :meth:`gathered`); the layer then
+        holds ``index.shape[1]`` positions."""
+        k, v = self.gathered(index)
+        b, t = index.shape
+        self.keys[:b, :, :t].copy_(k)
+        self.values[:b, :, :t].copy_(v)
+        self.cumulative_length = t
+        self.rows = b
+
     def _gather_rows(self, idx):
         """Rows idx[i] -> row i for i < len(idx), in the same storage."""
         if len(idx) > self.max_batch_size:
@@ -321,6 +352,14 @@ class StaticSlidingKVLayer(StaticKVLayer):
         if pos + query_length > w:
             return pos + query_length, offset
         return w, offset
+
+    def check_gather(self, index):
+        super().check_gather(index)
+        if self._doubled:
+            # A ring slot is not a position: only a window that never wraps can be rearranged.
+            raise ValueError(f"cannot rearrange positions of a sliding-window layer whose window "
+                             f"({self.sliding_window}) is below max_cache_len "
+                             f"({self.max_cache_len})")
 
     def check_crop(self, tokens_to_remove):
         super().check_crop(tokens_to_remove)
@@ -509,6 +548,28 @@ class StaticKVCache(Cache):
         if any(getattr(layer, "exact_length", False) for layer in self.layers):
             return self.get_seq_length() + query_length
         return self.max_cache_len
+
+    def gather_positions(self, index):
+        """Rearrange each row's cached positions in place: afterwards position j of row b holds
+        what position ``index[b, j]`` held (``index`` int64 [B, T], written positions only), and
+        the cache holds T positions. Assisted decoding packs the positions rows keep this way
+        (rows accept different numbers of draft tokens). ValueError, nothing changed, for an
+        index outside the written positions or a sliding-window ring that has wrapped.
+        """
+        for layer in self.layers:
+            layer.check_gather(index)
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.gather_positions(index)
+            else:
+                layer.cumulative_length = index.shape[1]
+
+    def gathered(self, index):
+        """[(keys, values)] per layer: copies of the positions ``index`` names (see
+        :meth:`gather_positions`); None for a layer not written yet."""
+        for layer in self.layers:
+            layer.check_gather(index)
+        return [layer.gathered(index) if layer.is_initialized else None for layer in self.layers]
 
     def grow(self, max_cache_len):
         """Enlarge every full-attention layer to `max_cache_len` positions, in place.

@@ -36,6 +36,14 @@ class Unsupported(NotImplementedError):
         super().__init__(message or f"gpu_sampler.generate does not support {feature}")
 
 
+def raise_if_invalid(invalid):
+    """ValueError naming the rows (bool [B] `invalid`) that drew no valid token."""
+    if bool(invalid.any()):
+        rows = invalid.nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows} have no valid token to sample (NaN logits, or every token "
+                         f"filtered to -inf by the processors)")
+
+
 def own_cache(model, batch, length):
     """Our StaticKVCache for `length` positions, or None where it refuses the model's config."""
     try:

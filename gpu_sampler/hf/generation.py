@@ -22,8 +22,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..reference import processed_logits_reference
 from ..sampler import sample
-from . import compat, seq2seq
+from . import assisted, compat, seq2seq
 from .buffers import Buffers
+from .common import Unsupported, raise_if_invalid
 from .step_inputs import split_inputs
 from .plan import (plan_step, pop_extras, prepare_inputs, processors, refuse_arguments,
                    refuse_beam_options, resolve_config)
@@ -58,8 +59,11 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
         ``bos_token_id``, or from ``inputs_embeds`` when given, as transformers does).
     generation_config, logits_processor, stopping_criteria, streamer
         As in transformers (user processors / criteria are merged by its rules).
-    prefix_allowed_tokens_fn, assistant_model, negative_prompt_ids,
-    negative_prompt_attention_mask, custom_generate, synced_gpus=True
+    assistant_model : causal LM with the model's vocabulary, optional
+        Assisted generation (as ``prompt_lookup_num_tokens=`` in the kwargs), greedy or
+        sampling, at any batch size: see :mod:`gpu_sampler.hf.assisted`.
+    prefix_allowed_tokens_fn, negative_prompt_ids, negative_prompt_attention_mask,
+    custom_generate, synced_gpus=True
         Refused with NotImplementedError naming the argument.
     **kwargs
         Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
@@ -92,8 +96,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     for ``cache_implementation="static"``, the passed cache when one was given).
 
     Raises ``Unsupported`` (a NotImplementedError; ``.feature`` names it) for any argument or
-    model it does not support (assisted decoding, Whisper, ...), before any side
-    effect, and ValueError for invalid arguments, like transformers.
+    model it does not support (an assistant with another tokenizer, Whisper, ...), before any
+    side effect, and ValueError for invalid arguments, like transformers.
 
     Example
     -------
@@ -113,14 +117,17 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
             prefix_allowed_tokens_fn, synced_gpus, assistant_model, streamer, negative_prompt_ids,
             negative_prompt_attention_mask, custom_generate, **kwargs)
     refuse_arguments(prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-                     assistant_model=assistant_model, negative_prompt_ids=negative_prompt_ids,
+                     negative_prompt_ids=negative_prompt_ids,
                      negative_prompt_attention_mask=negative_prompt_attention_mask,
                      custom_generate=custom_generate, synced_gpus=synced_gpus)
     extras = pop_extras(model, kwargs)
     resolved = resolve_config(model, generation_config, kwargs)
-    # Decoding strategies other than greedy / sampling (beam search) branch off on the
-    # resolved config.
+    # Decoding strategies other than greedy / sampling (beam search, assisted generation)
+    # branch off on the resolved config.
     beams = (resolved.gc.num_beams or 1) > 1
+    assist = assisted.wanted(assistant_model, resolved.gc)
+    if assist and beams:  # transformers ignores the assistant then: let it
+        raise Unsupported("assisted decoding with num_beams > 1")
     if beams and streamer is not None and not resolved.gc.do_sample:
         raise ValueError("`streamer` cannot be used with beam search (yet!). Make sure that "
                          "`num_beams` is set to 1.")
@@ -129,11 +136,14 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
         refuse_beam_options(prepared, extras)
     plan = None if beams else plan_step(model, prepared, logits_processor, stopping_criteria,
                                         extras)
+    run = assisted.prepare(model, plan, assistant_model, streamer) if assist else None
     # Fed only now: every refusal (Unsupported) comes before the first side effect.
     if streamer is not None:
         streamer.put(prepared.input_ids.cpu())
     if beams:
         return _beam_search(model, prepared, logits_processor, stopping_criteria, extras)
+    if assist:
+        return assisted.run(model, run, streamer)
     return _decode(model, plan, Buffers.allocate(model, plan), streamer)
 
 
@@ -216,7 +226,7 @@ class _Stop:
 
     def all_done(self):
         """True when no row is left; raises for invalid rows first (synchronises)."""
-        _raise_if_invalid(self.invalid)
+        raise_if_invalid(self.invalid)
         return not bool(self.unfinished.any())
 
 
@@ -246,7 +256,7 @@ def _decode(model, plan, bufs, streamer):
         bufs.ensure_room(model, plan, bufs.kv + 1, cur + 2)
         fwd = _feed(plan, bufs, step, tok, cur)
 
-    _raise_if_invalid(stop.invalid)
+    raise_if_invalid(stop.invalid)
     n = int(stop.steps_run)
     sequences = bufs.out[:, :inp.L0 + n]
     if streamer is not None:
@@ -334,11 +344,3 @@ def _feed(plan, bufs, step, tok, cur):
     fwd = _result(plan, bufs, kw, *step(kw))
     bufs.advance()
     return fwd
-
-
-def _raise_if_invalid(invalid):
-    if bool(invalid.any()):
-        rows = invalid.nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows} have no valid token to sample (NaN logits, or every token "
-                         f"filtered to -inf by the processors)")
-

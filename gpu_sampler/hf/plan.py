@@ -137,7 +137,7 @@ def resolve_config(model, generation_config, kwargs):
                           f"Cache)")
     gc, model_kwargs, has_default_max, has_default_min = compat.transformers_config(
         model, generation_config, kwargs)
-    refuse_config(gc)
+    refuse_config(gc, allowed=("prompt_lookup_num_tokens",))  # hf/assisted.py runs it
     refuse_inputs(model, model_kwargs)
     return Resolved(gc, model_kwargs, has_default_max, has_default_min)
 

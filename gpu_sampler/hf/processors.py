@@ -44,6 +44,9 @@ UNSUPPORTED_CONFIG = (
     ("guidance_scale", lambda v: v is not None and v != 1),
     ("prompt_lookup_num_tokens", lambda v: v is not None),
     ("assistant_early_exit", lambda v: v is not None),
+    ("use_mtp", lambda v: bool(v)),
+    ("assistant_ensemble_weight", lambda v: v is not None),
+    ("speculation_type", lambda v: v is not None),
     ("token_healing", lambda v: bool(v)),
     ("constraints", lambda v: v is not None),
     ("force_words_ids", lambda v: v is not None),
@@ -52,9 +55,12 @@ UNSUPPORTED_CONFIG = (
 )
 
 
-def refuse_config(gc):
-    """Raise Unsupported for a generation-config value in UNSUPPORTED_CONFIG."""
+def refuse_config(gc, allowed=()):
+    """Raise Unsupported for a generation-config value in UNSUPPORTED_CONFIG (names in
+    `allowed` excepted: the caller runs them)."""
     for name, bad in UNSUPPORTED_CONFIG:
+        if name in allowed:
+            continue
         value = getattr(gc, name, None)
         if bad(value):
             raise Unsupported(f"`{name}`", f"gpu_sampler.generate does not support "

@@ -1,0 +1,312 @@
+"""generate(assistant_model=...) / generate(prompt_lookup_num_tokens=...): assisted generation.
+
+Greedy: token-identical to transformers' assisted generate (which equals plain greedy) at
+batch size 1, and at batch size > 1 (which transformers refuses) each row equals plain greedy
+(ours, and transformers' on the row alone), with left padding, EOS and stopping criteria that
+stop rows in the middle of a verified block. Sampling: exact in distribution (chi-square on
+the first and second tokens over many seeded rows), and an assistant identical to the target
+has every draft accepted. Rollback: the returned cache equals plain generate's.
+"""
+import warnings
+
+import pytest
+import torch
+from scipy import stats
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import gpu_sampler
+from gpu_sampler.hf import slots
+from gpu_sampler.hf.drafts import Assistant
+from gpu_sampler.hf.generation import generate
+from gpu_sampler.hf.patch import patch
+from tests.models import Recorder, tiny_model
+from tests.test_seq2seq import tiny_seq2seq
+
+V = 1000
+
+
+def _assistant(target, layers=1):
+    """A smaller draft: the target's first `layers` layers, embeddings and head (it agrees with
+    the target often enough for rows to accept different counts)."""
+    arch = target.config.model_type
+    a = tiny_model(arch, seed=0, num_layers=layers, vocab_size=target.config.vocab_size)
+    a.load_state_dict(target.state_dict(), strict=False)
+    a.generation_config.assistant_confidence_threshold = 0.0
+    a.generation_config.num_assistant_tokens = 4
+    return a
+
+
+def _batch(B=4, L=9, seed=0, vocab=40):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (B, L), generator=g)
+    ids[:, L // 2:] = ids[:, :L - L // 2]  # repeated text: prompt lookup finds matches
+    mask = torch.ones_like(ids)
+    for b in range(1, B):
+        mask[b, :2 * b] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+class _Counter:
+    """Counts a model's forward calls."""
+
+    def __init__(self, model):
+        self.n = 0
+        model.register_forward_hook(self._hook)
+
+    def _hook(self, *args):
+        self.n += 1
+
+
+@pytest.fixture
+def packs(monkeypatch):
+    """How often the slots of rows that kept different counts were packed."""
+    seen = []
+    original = slots.compact
+
+    def spy(bufs):
+        seen.append(bufs.kv)
+        return original(bufs)
+
+    monkeypatch.setattr(slots, "compact", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_greedy_equals_transformers_batch_1(arch):
+    target = tiny_model(arch, seed=3)
+    assistant = _assistant(target)
+    ids = _batch(1, 12, seed=1)[0]
+    for kw in (dict(assistant_model=assistant), dict(prompt_lookup_num_tokens=3)):
+        ref = target.generate(ids, max_new_tokens=23, do_sample=False, **kw)
+        assert torch.equal(generate(target, ids, max_new_tokens=23, do_sample=False, **kw), ref)
+    assert torch.equal(ref, target.generate(ids, max_new_tokens=23, do_sample=False))
+
+
+def _eos_mid_generation(target, ids, mask):
+    """An EOS id that plain greedy emits in the middle of row 0: rows stop at different
+    steps."""
+    plain = generate(target, ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                     eos_token_id=None)
+    return int(plain[0, ids.shape[1] + 9])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_batched_rows_equal_plain_greedy(arch, packs):
+    target = tiny_model(arch, seed=5)
+    ids, mask = _batch(4, 10, seed=2)
+    eos = _eos_mid_generation(target, ids, mask)
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=eos,
+              pad_token_id=0)
+    ref = generate(target, ids, **kw)
+    assert torch.equal(ref, target.generate(ids, **kw))
+    assert (ref[:, -1] == 0).any(), "no row stopped early"
+    for extra in (dict(assistant_model=_assistant(target)), dict(prompt_lookup_num_tokens=3)):
+        assert torch.equal(generate(target, ids, **extra, **kw), ref)
+    assert packs, "rows never kept different counts"
+    # Each row as transformers generates it alone (no padding, no batch).
+    for b in range(ids.shape[0]):
+        alone = ids[b, mask[b] == 1][None]
+        row = target.generate(alone, max_new_tokens=24, do_sample=False, eos_token_id=eos,
+                              pad_token_id=0)[0, alone.shape[1]:]
+        assert torch.equal(ref[b, ids.shape[1]:ids.shape[1] + len(row)], row)
+
+
+class _StopAfter(StoppingCriteria):
+    """Stops a row once token `tok` was generated."""
+
+    def __init__(self, tok, L0):
+        self.tok, self.L0 = tok, L0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids[:, self.L0:] == self.tok).any(1)
+
+
+def test_stopping_criteria_and_max_new_tokens_mid_draft():
+    target = tiny_model("llama", seed=5)
+    assistant = target  # every draft accepted: stops fall inside verified blocks
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+    assistant.generation_config.num_assistant_tokens = 6
+    ids, mask = _batch(3, 10, seed=4)
+    plain = generate(target, ids, attention_mask=mask, max_new_tokens=19, do_sample=False)
+    stop = StoppingCriteriaList([_StopAfter(int(plain[1, 10 + 7]), 10)])
+    for B in (1, 3):
+        kw = dict(attention_mask=mask[:B], max_new_tokens=19, do_sample=False,
+                  stopping_criteria=stop)
+        ref = generate(target, ids[:B], **kw)
+        out = generate(target, ids[:B], assistant_model=assistant, **kw)
+        assert torch.equal(out, ref)
+    assert out.shape[1] == 10 + 19 or not stop[0](out, None).all()
+
+
+def test_returned_cache_equals_plain_generate(packs):
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(3, 10, seed=2)
+    kw = dict(attention_mask=mask, max_new_tokens=15, do_sample=False,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    ref = generate(target, ids, **kw)
+    out = generate(target, ids, assistant_model=_assistant(target), **kw)
+    assert packs
+    assert torch.equal(out.sequences, ref.sequences)
+    L = ids.shape[1] + len(ref.scores) - 1
+    for mine, theirs in zip(out.past_key_values.layers, ref.past_key_values.layers):
+        assert mine.keys.shape == theirs.keys.shape and mine.keys.shape[2] == L
+        used = mask.bool()[:, None, :, None].expand(-1, 1, -1, 1)
+        prompt_and_new = torch.cat([used, torch.ones(3, 1, L - 10, 1, dtype=torch.bool)], 2)
+        torch.testing.assert_close(mine.keys * prompt_and_new, theirs.keys * prompt_and_new,
+                                   atol=1e-5, rtol=0)
+    for name in ("scores", "logits"):
+        assert len(getattr(out, name)) == len(getattr(ref, name))
+        for a, b in zip(getattr(out, name), getattr(ref, name)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_identical_assistant_accepts_every_draft_when_sampling():
+    target = tiny_model("llama", seed=7)
+    target.generation_config.assistant_confidence_threshold = 0.0
+    target.generation_config.num_assistant_tokens = 4
+    calls = _Counter(target)
+    ids, mask = _batch(2, 8, seed=3)
+    out = generate(target, ids, attention_mask=mask, assistant_model=target, do_sample=True,
+                   temperature=0.8, top_k=50, max_new_tokens=20, min_new_tokens=20, seed=1)
+    assert out.shape == (2, 28)
+    # Target: 4 steps of 5 tokens (the first with the prompt); assistant: 4 x (the tokens it
+    # has not seen + 3 drafts fed).
+    assert calls.n == 4 + 4 * 4
+
+
+def test_seeded_sampled_rows_equal_the_row_alone():
+    # A row's draws depend on its seed and positions only: not on the batch, its padding or
+    # how many drafts the other rows accepted.
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(3, 9, seed=6)
+    seeds = torch.tensor([11, 22, 33])
+    kw = dict(max_new_tokens=14, do_sample=True, temperature=0.7, top_k=30, seed=seeds,
+              repetition_penalty=1.2, presence_penalty=0.3)
+    for extra in (dict(assistant_model=_assistant(target)), dict(prompt_lookup_num_tokens=3)):
+        out = generate(target, ids, attention_mask=mask, **extra, **kw)
+        for b in range(3):
+            alone = ids[b, mask[b] == 1][None]
+            row = generate(target, alone, **extra, **dict(kw, seed=seeds[b:b + 1]))
+            assert torch.equal(row[0, alone.shape[1]:], out[b, 9:9 + row.shape[1] -
+                                                            alone.shape[1]])
+
+
+def _first_tokens(target, ids, n, **kw):
+    out = generate(target, ids.expand(n, -1), max_new_tokens=3, do_sample=True, seed=0, **kw)
+    return out[:, ids.shape[1]], out[:, ids.shape[1] + 1]
+
+
+def _chi2_p(tokens, probs):
+    counts = torch.bincount(tokens, minlength=probs.shape[0]).double()
+    exp = probs.double() * len(tokens)
+    assert counts[exp == 0].sum() == 0, "a token outside the support was emitted"
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    e = torch.cat([exp[big], exp[~big].sum()[None]])
+    keep = e > 0
+    return stats.chisquare(obs[keep].numpy(), (e[keep] * obs[keep].sum() / e[keep].sum())
+                           .numpy()).pvalue
+
+
+@pytest.mark.parametrize("mode", ["assistant", "prompt_lookup"])
+def test_sampled_tokens_follow_the_target_distribution(mode):
+    target = tiny_model("llama", seed=2, vocab_size=24)
+    with torch.no_grad():  # a peakier target: p_0 spread over ~12 tokens, drafts of either
+        target.lm_head.weight.mul_(3)  # kind accepted in 10-50% of the rows
+    params = dict(temperature=0.9, top_k=12, repetition_penalty=1.3)
+    ids = torch.tensor([[5, 9, 1, 4, 5, 9, 1, 4, 5, 9]])
+    if mode == "assistant":
+        kw = dict(assistant_model=_assistant(target))
+    else:
+        kw = dict(prompt_lookup_num_tokens=2)
+    first, second = _first_tokens(target, ids, 3000, eos_token_id=None, **kw, **params)
+    logits = target(ids).logits[:, -1]
+    p0 = gpu_sampler.sampling_distribution(logits, input_ids=ids, **params)[0]
+    assert _chi2_p(first, p0) > 1e-3
+    t = int(torch.bincount(first).argmax())
+    ext = torch.cat([ids, torch.tensor([[t]])], 1)
+    p1 = gpu_sampler.sampling_distribution(target(ext).logits[:, -1], input_ids=ext, **params)[0]
+    assert _chi2_p(second[first == t], p1) > 1e-3
+
+
+def test_heuristic_schedule_adds_two_or_takes_one(monkeypatch):
+    budgets = []
+    original = Assistant.propose
+
+    def spy(self, rows):
+        budgets.append(int(rows.limits[0]))
+        return original(self, rows)
+
+    monkeypatch.setattr(Assistant, "propose", spy)
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 10, seed=4)[0]
+    agc = target.generation_config
+    agc.num_assistant_tokens_schedule, agc.num_assistant_tokens = "heuristic", 2
+    agc.assistant_confidence_threshold = 0.0
+    generate(target, ids, assistant_model=target, max_new_tokens=30, do_sample=False)
+    assert budgets == [2, 4, 6, 8, 5]  # all accepted; the last capped by max_length (30 - 24 - 1)
+    assert agc.num_assistant_tokens == 2  # the assistant's config is left as it was
+    budgets.clear()
+    other = tiny_model("llama", seed=9)  # disagrees: every step rejects
+    other.generation_config.num_assistant_tokens_schedule = "heuristic"
+    other.generation_config.num_assistant_tokens = 3
+    other.generation_config.assistant_confidence_threshold = 0.0
+    generate(target, ids, assistant_model=other, max_new_tokens=6, do_sample=False)
+    assert budgets[:4] == [3, 2, 1, 1]
+
+
+def test_streamer_gets_each_verified_block():
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 10, seed=4)[0]
+    rec = Recorder()
+    out = generate(target, ids, prompt_lookup_num_tokens=4, max_new_tokens=16,
+                   do_sample=False, streamer=rec)
+    assert rec.calls[-1] == "end" and torch.equal(rec.calls[0], ids)
+    assert torch.equal(torch.cat(rec.calls[1:-1], 1), out[:, 10:])
+
+
+def test_refused_and_invalid_calls():
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 6)[0]
+    draft = _assistant(target)
+    for kw, match in ((dict(assistant_tokenizer=object(), tokenizer=object()),
+                       "assistant_tokenizer"),
+                      (dict(output_attentions=True, return_dict_in_generate=True),
+                       "output_attentions"),
+                      (dict(num_beams=2), "num_beams"),
+                      (dict(use_cache=False), "use_cache")):
+        with pytest.raises(NotImplementedError, match=match):
+            generate(target, ids, assistant_model=draft, max_new_tokens=4, **kw)
+    with pytest.raises(NotImplementedError, match="streamer"):
+        generate(target, ids.repeat(2, 1), prompt_lookup_num_tokens=2, max_new_tokens=4,
+                 streamer=Recorder())
+    with pytest.raises(ValueError, match="different tokenizers"):
+        generate(target, ids, assistant_model=tiny_model("llama", vocab_size=V + 1),
+                 max_new_tokens=4)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        generate(target, ids, assistant_model=draft, do_sample=True, num_return_sequences=2,
+                 max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        generate(target, ids, prompt_lookup_num_tokens=0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="assistant_model"):
+        generate(target, ids, assistant_model="x", max_new_tokens=4)
+
+
+def test_patch_runs_it_and_hands_over_what_it_refuses():
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 8, seed=1)[0]
+    draft = _assistant(target)
+    ours = generate(target, ids, assistant_model=draft, max_new_tokens=6, do_sample=False)
+    patch(target)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert torch.equal(target.generate(ids, assistant_model=draft, max_new_tokens=6,
+                                           do_sample=False), ours)
+        target.generate(ids, prompt_lookup_num_tokens=2, num_beams=2, max_new_tokens=4)
+    messages = [str(w.message) for w in record if "gpu_sampler" in str(w.message)]
+    assert len(messages) == 1 and "num_beams" in messages[0]
+    t5 = tiny_seq2seq("t5")
+    src = torch.randint(3, 50, (1, 5))
+    for kw in (dict(assistant_model=t5), dict(prompt_lookup_num_tokens=2)):
+        with pytest.raises(NotImplementedError):
+            generate(t5, src, max_new_tokens=4, **kw)
