@@ -160,3 +160,49 @@ def test_step_rules_read_off_the_models_hooks():
         step = step_inputs.split_inputs(model, inputs)
         assert (step.pos_offset, step.fill, step.decode_typed) == (offset, fill, decode_typed)
         assert "pixel_values" in step.prefill and not step.typed.keys() - set(fill)
+
+
+def _video_inputs(kind):
+    """Qwen2-VL / Qwen2.5-VL with a 1x4x4-patch video per row (4 merged video tokens) where the
+    image fixtures hold their image."""
+    model, inputs = vlm_models._qwen_vl(kind, 0, (9, 6))
+    video = vlm_models.IMAGE - 1  # the builders' video_token_id
+    ids = inputs["input_ids"].clone()
+    ids[ids == vlm_models.IMAGE] = video
+    g = torch.Generator().manual_seed(3)
+    return model, dict(input_ids=ids, attention_mask=inputs["attention_mask"],
+                       pixel_values_videos=torch.randn(2 * 16, 3 * 2 * 14 * 14, generator=g),
+                       video_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]]),
+                       mm_token_type_ids=(ids == video).to(torch.int32) * 2)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_inputs_match_transformers(kind):
+    model, inputs = _video_inputs(kind)
+    ref, out = _both(model, inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out, ref)
+    other = dict(inputs, pixel_values_videos=-inputs["pixel_values_videos"])
+    assert not torch.equal(model.generate(**other, max_new_tokens=8, do_sample=False), ref)
+    ref, out = _both(model, inputs, max_new_tokens=6, do_sample=False, num_beams=2)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["llava", "qwen2_vl"])
+def test_continued_cache_after_an_image(name):
+    """A second turn on the cache of a first one (the image already in it, so no pixels
+    passed again), as transformers continues it."""
+    import copy
+    model, inputs = getattr(vlm_models, name)()
+    first = model.generate(**inputs, max_new_tokens=4, do_sample=False,
+                           return_dict_in_generate=True)
+    more = torch.randint(3, 100, (2, 3), generator=torch.Generator().manual_seed(1))
+    ids = torch.cat([first.sequences, more], 1)
+    kw = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask",
+                                                       "pixel_values")}
+    if "mm_token_type_ids" in kw:
+        kw["mm_token_type_ids"] = (ids == vlm_models.IMAGE).to(torch.int32)
+    kw.update(input_ids=ids, max_new_tokens=5, do_sample=False,
+              attention_mask=torch.cat([inputs["attention_mask"], torch.ones(2, 7).long()], 1))
+    ref = model.generate(past_key_values=copy.deepcopy(first.past_key_values), **kw)
+    assert torch.equal(generate(model, past_key_values=copy.deepcopy(first.past_key_values),
+                                **kw), ref)
