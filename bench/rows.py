@@ -60,11 +60,7 @@ def request_edits(rows, V, gen):
     """A request's mask (half the vocabulary allowed) and 20 logit-bias entries, as
     gpu_sampler/edits.py hands them to the launcher."""
     from gpu_sampler import edits
-    allowed = torch.rand(rows, V, generator=gen) < 0.5
-    bits = torch.zeros(rows, (V + 31) // 32 * 32, dtype=torch.int64)
-    bits[:, :V] = allowed.long()
-    w = (bits.view(rows, -1, 32) << torch.arange(32)).sum(2)
-    words = torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+    words = edits.pack_mask(torch.rand(rows, V, generator=gen) < 0.5)
     bias = (torch.randint(0, V, (rows, 20), generator=gen), torch.randn(rows, 20, generator=gen))
     ed = edits.prepare_edits(torch.empty(rows, V), words, bias, False)
     return dict(allowed_words=ed.words, logit_bias=(ed.bias_ids, ed.bias_values))

@@ -41,10 +41,7 @@ def _inputs(B, V):
     ids = torch.randint(0, V, (B, HISTORY), generator=gen).to(DEVICE)
     words = (V + 31) // 32
     # about 3/4 of the vocabulary allowed, as a grammar state mid-way through a JSON value
-    bits = torch.rand(B, words * 32, generator=gen) < 0.75
-    weights = 2 ** torch.arange(32, dtype=torch.int64)
-    mask = (bits.view(B, words, 32).long() * weights).sum(-1)
-    mask = torch.where(mask >= 2 ** 31, mask - 2 ** 32, mask).to(torch.int32).to(DEVICE)
+    mask = gpu_sampler.pack_mask(torch.rand(B, words * 32, generator=gen) < 0.75).to(DEVICE)
     bias = (torch.randint(0, V, (B, BIAS_IDS), generator=gen).to(DEVICE),
             (torch.randn(B, BIAS_IDS, generator=gen) * 2).to(DEVICE))
     return logits, ids, mask, bias

@@ -29,16 +29,6 @@ class Request:
     top: list = dataclasses.field(default_factory=list)
 
 
-def mask_words(allowed):
-    """bool [B, V] -> int32 [B, ceil(V / 32)] (bit j of word w = token 32 w + j)."""
-    B, n = allowed.shape
-    words = (n + 31) // 32
-    bits = torch.zeros(B, words * 32, dtype=torch.int64)
-    bits[:, :n] = allowed.long()
-    w = (bits.view(B, words, 32) << torch.arange(32)).sum(2)
-    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
-
-
 def tiny_model():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
@@ -68,7 +58,7 @@ def step(model, sampler, slots, table):
     allowed = torch.stack([r.allowed if r is not None and r.allowed is not None
                            else torch.ones(V, dtype=torch.bool) for r in table])
     top_n = max(r.top_n for r in table if r is not None)
-    out = sampler(logits, slots, allowed_mask=mask_words(allowed), top_logprobs=top_n)
+    out = sampler(logits, slots, allowed_mask=gpu_sampler.pack_mask(allowed), top_logprobs=top_n)
     for i, r in enumerate(table):
         if r is None:
             continue

@@ -4,6 +4,7 @@
     sampling_distribution(logits, ...)  the exact [B, V] distribution sample() draws from
     contrastive_scores(logits, ...)     contrastive-decoding scores; beam_topk(...) the beam step
     speculative_sample(target, drafts)  speculative decoding's verification step
+    pack_mask(allowed)                  a bool [B, V] mask as sample()'s allowed_mask bitmask
     Sampler, SamplingSlots              a persistent sampler for serving loops
     StaticKVCache(config, B, max_len)   preallocated, in-place transformers Cache
     generate(model, ...), patch(model)  drop-in for model.generate
@@ -13,6 +14,7 @@ of its names is first used, so ``sample()`` alone never loads transformers.
 """
 from .beam import beam_topk
 from .contrastive import contrastive_scores
+from .edits import pack_mask
 from .speculative import speculative_sample
 from .sampler import SampleOutput, sample, sampling_distribution, triton_available
 from .serving import Sampler, SamplingSlots
@@ -22,7 +24,7 @@ __version__ = "0.1.0"
 _HF_NAMES = ("StaticKVCache", "generate", "patch", "unpatch")
 
 __all__ = ["sample", "sampling_distribution", "SampleOutput", "contrastive_scores", "beam_topk",
-           "speculative_sample", "Sampler", "SamplingSlots", "triton_available", "__version__",
+           "speculative_sample", "pack_mask", "Sampler", "SamplingSlots", "triton_available", "__version__",
            *_HF_NAMES]
 
 

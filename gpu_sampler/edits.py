@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["LogitEdits", "prepare_edits", "shard_edits", "apply_edits"]
+__all__ = ["LogitEdits", "pack_mask", "prepare_edits", "shard_edits", "apply_edits"]
 
 
 class LogitEdits(NamedTuple):
@@ -24,6 +24,23 @@ class LogitEdits(NamedTuple):
     bias_ids: Optional[torch.Tensor]    # int64 [B, NB], padding mapped to id 0
     bias_values: Optional[torch.Tensor]  # float32 [B, NB], 0 at padding
     words: Optional[torch.Tensor] = None  # int32 [B, ceil(V / 32)]: the mask as given
+
+
+def pack_mask(allowed):
+    """int32 [B, ceil(V / 32)]: a bool [B, V] mask in the layout ``allowed_mask`` takes (bit j
+    of word w set = token 32 w + j allowed; the bits past V are 0).
+
+    Example:
+        >>> import torch, gpu_sampler
+        >>> gpu_sampler.pack_mask(torch.tensor([[True, False, True]])).tolist()
+        [[5]]
+    """
+    B, V = allowed.shape
+    words = (V + 31) // 32
+    bits = torch.zeros(B, words * 32, dtype=torch.int64, device=allowed.device)
+    bits[:, :V] = allowed.to(torch.int64)
+    w = (bits.view(B, words, 32) << torch.arange(32, device=allowed.device)).sum(2)
+    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
 
 
 def _mask_words(mask, B, V, device):

@@ -341,9 +341,7 @@ def check_generator_and_overflow(rank, world):
 def _request_edits(B, V, gen, starts):
     """A random allowed bitmask (about 60% allowed) and a bias whose ids sit on the shards'
     edges, repeat (the values add) and ban (-inf)."""
-    bits = torch.rand(B, -(-V // 32) * 32, generator=gen) < 0.6
-    words = (bits.view(B, -1, 32).long() * 2 ** torch.arange(32)).sum(-1)
-    mask = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    mask = gpu_sampler.pack_mask(torch.rand(B, -(-V // 32) * 32, generator=gen) < 0.6)
     edge = [min(max(s + d, 0), V - 1) for s in starts for d in (-1, 0)]
     ids = torch.tensor(edge + [edge[-1], -1])[None].repeat(B, 1)
     values = torch.randn(B, ids.shape[1], generator=gen) * 3

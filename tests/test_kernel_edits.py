@@ -6,20 +6,13 @@ import pytest
 import torch
 
 from conftest import BACKENDS, DEVICE
+from gpu_sampler import pack_mask
 from test_kernel_v2 import LogitReads, _run
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
                                 reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
 
 V = 1001  # 16 blocks of 64 (tile=64 below), the last one short
-
-
-def _words(allowed):
-    B, n = allowed.shape
-    bits = torch.zeros(B, (n + 31) // 32 * 32, dtype=torch.int64)
-    bits[:, :n] = allowed.long()
-    w = (bits.view(B, -1, 32) << torch.arange(32)).sum(2)
-    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
 
 
 def _edits(B, g):
@@ -34,7 +27,7 @@ def _edits(B, g):
     ids[:, 3] = V - 1              # the short last block
     vals = torch.randn(B, 24, generator=g) * 2
     vals[0, 4], vals[1, 5] = float("-inf"), float("inf")
-    ed = edits.prepare_edits(torch.empty(B, V), _words(allowed), (ids, vals), True)
+    ed = edits.prepare_edits(torch.empty(B, V), pack_mask(allowed), (ids, vals), True)
     return ed, (ids, vals)
 
 
@@ -87,7 +80,7 @@ def test_fused_edits_force_the_row_pass_and_ban_everything():
     allowed[2] = False
     ids = torch.tensor([[3, 700, 3], [999, 0, -1], [5, 6, 7]])
     vals = torch.tensor([[1.0, -0.5, 0.25], [0.5, float("-inf"), 0.0], [1.0, 1.0, 1.0]])
-    ed = edits.prepare_edits(x, _words(allowed), (ids, vals), False)
+    ed = edits.prepare_edits(x, pack_mask(allowed), (ids, vals), False)
     kw = dict(temperature=1.0, top_p=0.99, seed=torch.tensor([1, 2, 3]), tile=64, cand=4)
     got = _run(x, allowed_words=ed.words, logit_bias=(ed.bias_ids, ed.bias_values), **kw)
     want = _run(edits.apply_edits(x, ed), **kw)

@@ -8,16 +8,6 @@ from tests.conftest import BACKENDS
 V = 77  # not a multiple of 32
 
 
-def _mask_words(allowed):
-    """int32 [B, ceil(V / 32)] bitmask of a bool [B, V] (the xgrammar layout)."""
-    B, n = allowed.shape
-    words = (n + 31) // 32
-    bits = torch.zeros(B, words * 32, dtype=torch.int64)
-    bits[:, :n] = allowed.long()
-    w = (bits.view(B, words, 32) << torch.arange(32)).sum(2)
-    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
-
-
 def _logits(B, g, dtype=torch.float32):
     x = torch.randint(-4, 4, (B, V), generator=g).float()  # tie-heavy
     x[0, 10:] = float("-inf")
@@ -72,11 +62,11 @@ def test_mask_equals_the_masked_chain(backend):
     hist = torch.randint(0, V, (4, 9), generator=g)
     kw = dict(temperature=0.9, top_k=10, top_p=0.9, repetition_penalty=1.4, input_ids=hist,
               backend=backend)
-    got = gpu_sampler.sampling_distribution(x, allowed_mask=_mask_words(allowed), **kw)
+    got = gpu_sampler.sampling_distribution(x, allowed_mask=gpu_sampler.pack_mask(allowed), **kw)
     want = gpu_sampler.sampling_distribution(x.masked_fill(~allowed, float("-inf")), **kw)
     torch.testing.assert_close(got, want)
     assert bool((got[~allowed] == 0).all())
-    tok = gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=9, **kw)
+    tok = gpu_sampler.sample(x, allowed_mask=gpu_sampler.pack_mask(allowed), seed=9, **kw)
     assert bool(allowed.gather(1, tok[:, None]).all())
 
 
@@ -98,8 +88,8 @@ def test_nothing_allowed_is_an_invalid_row():
     allowed = torch.ones(2, V, dtype=torch.bool)
     allowed[1] = False
     with pytest.raises(ValueError, match="allowed_mask row 1 allows no token"):
-        gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=1)
-    tok = gpu_sampler.sample(x, allowed_mask=_mask_words(allowed), seed=1, check=False)
+        gpu_sampler.sample(x, allowed_mask=gpu_sampler.pack_mask(allowed), seed=1)
+    tok = gpu_sampler.sample(x, allowed_mask=gpu_sampler.pack_mask(allowed), seed=1, check=False)
     assert tok[0] >= 0 and tok[1] == -1
 
 
