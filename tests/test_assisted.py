@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 import torch
-from scipy import stats
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import gpu_sampler
@@ -19,6 +18,7 @@ from gpu_sampler.hf import slots
 from gpu_sampler.hf.drafts import Assistant
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch
+from tests.chisq import pvalue
 from tests.models import Recorder, tiny_model
 from tests.test_seq2seq import tiny_seq2seq
 
@@ -196,18 +196,6 @@ def _first_tokens(target, ids, n, **kw):
     return out[:, ids.shape[1]], out[:, ids.shape[1] + 1]
 
 
-def _chi2_p(tokens, probs):
-    counts = torch.bincount(tokens, minlength=probs.shape[0]).double()
-    exp = probs.double() * len(tokens)
-    assert counts[exp == 0].sum() == 0, "a token outside the support was emitted"
-    big = exp >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    e = torch.cat([exp[big], exp[~big].sum()[None]])
-    keep = e > 0
-    return stats.chisquare(obs[keep].numpy(), (e[keep] * obs[keep].sum() / e[keep].sum())
-                           .numpy()).pvalue
-
-
 @pytest.mark.parametrize("mode", ["assistant", "prompt_lookup"])
 def test_sampled_tokens_follow_the_target_distribution(mode):
     target = tiny_model("llama", seed=2, vocab_size=24)
@@ -222,11 +210,11 @@ def test_sampled_tokens_follow_the_target_distribution(mode):
     first, second = _first_tokens(target, ids, 3000, eos_token_id=None, **kw, **params)
     logits = target(ids).logits[:, -1]
     p0 = gpu_sampler.sampling_distribution(logits, input_ids=ids, **params)[0]
-    assert _chi2_p(first, p0) > 1e-3
+    assert pvalue(first, p0) > 1e-3
     t = int(torch.bincount(first).argmax())
     ext = torch.cat([ids, torch.tensor([[t]])], 1)
     p1 = gpu_sampler.sampling_distribution(target(ext).logits[:, -1], input_ids=ext, **params)[0]
-    assert _chi2_p(second[first == t], p1) > 1e-3
+    assert pvalue(second[first == t], p1) > 1e-3
 
 
 def test_heuristic_schedule_adds_two_or_takes_one(monkeypatch):

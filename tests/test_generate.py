@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from scipy import stats
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation import logits_process as lp
 
@@ -10,6 +9,7 @@ import gpu_sampler
 from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
+from tests.chisq import assert_drawn_from
 from tests.models import ARCHS, Recorder, tiny_model, train_tokenizer
 
 V = 1000
@@ -183,21 +183,7 @@ def test_first_token_distribution_matches_hf():
                    **kw)
     first = out[:, -1].view(2, n)
     for b in range(2):
-        counts = torch.bincount(first[b], minlength=V).double()
-        assert bool((counts[probs[b] == 0] == 0).all()), "drew a filtered token"
-        support = probs[b] > 0
-        assert int(support.sum()) > 5
-        expected = probs[b][support].double() * n
-        # Pool rare cells so the chi-square approximation holds.
-        order = torch.argsort(expected, descending=True)
-        e, c = expected[order], counts[support][order]
-        big = e >= 5
-        e = torch.cat([e[big], e[~big].sum(0, keepdim=True)])
-        c = torch.cat([c[big], c[~big].sum(0, keepdim=True)])
-        if float(e[-1]) == 0:
-            e, c = e[:-1], c[:-1]
-        _, pval = stats.chisquare(c.numpy(), e.numpy() * (c.sum() / e.sum()).item())
-        assert pval > 1e-4, (b, pval)
+        assert_drawn_from(first[b], probs[b])
 
 
 def test_num_return_sequences_expand_like_hf():

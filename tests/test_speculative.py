@@ -1,26 +1,13 @@
 """speculative_sample(): exact in distribution, the acceptance rule, the bonus token, errors."""
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import gpu_sampler
 from gpu_sampler import speculative_sample
+from tests.chisq import pvalue
 
 V = 12
 N = 6000  # rows (one seed each) per distribution test
-
-
-def _chi2_p(tokens, probs):
-    """p-value of observed tokens against probs [V] (bins with expected count < 5 pooled)."""
-    counts = np.bincount(tokens.numpy(), minlength=V).astype(float)
-    expected = probs.double().numpy() * len(tokens)
-    assert counts[expected == 0].sum() == 0, "a token outside the support was emitted"
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
 
 
 def _rows(x, n=N):
@@ -57,7 +44,7 @@ def test_first_token_is_distributed_as_the_target(kind):
         q = _rows(q)
     tok, n = speculative_sample(_rows(target), drafts, q, top_k=top_k, seed=torch.arange(N))
     p0 = gpu_sampler.sampling_distribution(target[:, 0], top_k=top_k)[0]
-    assert _chi2_p(tok[:, 0], p0) > 1e-3
+    assert pvalue(tok[:, 0], p0) > 1e-3
     if kind == "equal":
         assert bool((n == 2).all())  # p / q = 1: every draft is accepted
     if kind == "disjoint":
@@ -80,7 +67,7 @@ def test_second_token_given_the_first_accepted_sees_it_in_the_history():
             continue
         hist = torch.cat([history, torch.tensor([[d0]])], 1)
         p1 = gpu_sampler.sampling_distribution(target[:, 1], input_ids=hist, **kw)[0]
-        assert _chi2_p(tok[rows, 1], p1) > 1e-3, d0
+        assert pvalue(tok[rows, 1], p1) > 1e-3, d0
 
 
 def test_greedy_rows_accept_while_the_draft_is_the_argmax():
