@@ -115,3 +115,15 @@ class Recorder(BaseStreamer):
 
     def end(self):
         self.calls.append("end")
+
+
+def left_padded(lengths, seed, vocab=1000):
+    """Left-padded prompts of the given lengths, ids in [3, vocab), pads token 0: (ids, mask)."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, L - n:] = torch.randint(3, vocab, (n,), generator=g)
+        mask[b, L - n:] = 1
+    return ids, mask

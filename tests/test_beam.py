@@ -11,8 +11,8 @@ from gpu_sampler.beam import beam_topk, beam_topk_reference
 from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from tests.conftest import BACKENDS
-from tests.models import Recorder, tiny_model
-from tests.test_generate import _BanMultiplesOf, _prompts, _seed
+from tests.models import Recorder, left_padded, tiny_model
+from tests.test_generate import _BanMultiplesOf, _seed
 
 V = 1000
 
@@ -104,7 +104,7 @@ def _assert_same_output(out, ref):
 
 @pytest.mark.parametrize("case", list(BEAM_CASES))
 def test_beam_search_matches_hf(arch_model, case):
-    ids, mask = _prompts([9, 5, 2], _seed())
+    ids, mask = left_padded([9, 5, 2], _seed())
     kw = dict(BEAM_CASES[case], num_beams=3, max_new_tokens=6, do_sample=False,
               return_dict_in_generate=True, output_scores=True, output_logits=True)
     ref = arch_model.generate(ids, attention_mask=mask, **kw)
@@ -120,7 +120,7 @@ def test_beam_search_forwards_model_inputs_like_hf(extra):
     # Every model input that greedy forwards must reach the model under beam search too:
     # a dropped one gives other tokens, silently.
     model = tiny_model("gpt2", seed=5)
-    ids, mask = _prompts([7, 4], _seed())
+    ids, mask = left_padded([7, 4], _seed())
     g = torch.Generator().manual_seed(_seed())
     kw = dict(attention_mask=mask, num_beams=2, max_new_tokens=6, do_sample=False,
               return_dict_in_generate=True, output_scores=True, output_logits=True)
@@ -138,7 +138,7 @@ def test_eos_met_early_finishes_like_hf():
     """eos ids taken from the beams themselves, so hypotheses finish mid-way (shorter rows padded
     with transformers' fill value)."""
     model = tiny_model("llama", seed=9)
-    ids, mask = _prompts([4, 7], _seed())
+    ids, mask = left_padded([4, 7], _seed())
     L = ids.shape[1]
     free = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=10,
                           do_sample=False, eos_token_id=V + 5)
@@ -157,7 +157,7 @@ def test_eos_met_early_finishes_like_hf():
 
 def test_user_processor_runs_in_order_like_hf():
     model = tiny_model("qwen2", seed=2)
-    ids, mask = _prompts([6, 3], _seed())
+    ids, mask = left_padded([6, 3], _seed())
     kw = dict(num_beams=3, max_new_tokens=6, do_sample=False, repetition_penalty=1.2,
               return_dict_in_generate=True, output_scores=True)
     procs = lambda: lp.LogitsProcessorList([_BanMultiplesOf(3)])  # noqa: E731
@@ -174,7 +174,7 @@ def test_kernel_in_the_loop_matches_hf(monkeypatch):
         pytest.skip("needs triton")
     monkeypatch.setattr(gpu_sampler.params, "pick_backend", lambda backend, logits: "triton")
     model = tiny_model("llama", seed=3, vocab_size=96)
-    ids, mask = _prompts([5, 3], _seed(), vocab=96)
+    ids, mask = left_padded([5, 3], _seed(), vocab=96)
     kw = dict(num_beams=2, max_new_tokens=4, do_sample=False, repetition_penalty=1.4,
               no_repeat_ngram_size=2, return_dict_in_generate=True, output_scores=True)
     _assert_same_output_no_scores(generate(model, ids, attention_mask=mask, **kw),
@@ -189,7 +189,7 @@ def _assert_same_output_no_scores(out, ref):
 
 def test_num_beams_1_is_greedy_like_hf():
     model = tiny_model("gpt2", seed=4)
-    ids, mask = _prompts([5, 2], _seed())
+    ids, mask = left_padded([5, 2], _seed())
     kw = dict(num_beams=1, max_new_tokens=6, do_sample=False, length_penalty=-1.0)
     assert torch.equal(generate(model, ids, attention_mask=mask, **kw),
                        model.generate(ids, attention_mask=mask, **kw))
@@ -213,7 +213,7 @@ def _pooled_chi2(a, b):
 ])
 def test_beam_sampling_first_step_matches_hf_in_distribution(config):
     model = tiny_model("llama", seed=8)
-    ids, _ = _prompts([6], _seed())
+    ids, _ = left_padded([6], _seed())
     n = 1500
     batch = ids.repeat(n, 1)
     kw = dict(config, do_sample=True, num_beams=2, num_return_sequences=2, max_new_tokens=1,
@@ -239,7 +239,7 @@ def test_beam_sampling_first_step_matches_hf_in_distribution(config):
 
 def test_beam_sampling_seed_reproducible():
     model = tiny_model("gpt2", seed=3)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     kw = dict(do_sample=True, num_beams=3, max_new_tokens=5, seed=4)
     a = generate(model, ids, attention_mask=mask, **kw)
     assert torch.equal(a, generate(model, ids, attention_mask=mask, **kw))
@@ -249,7 +249,7 @@ def test_beam_sampling_seed_reproducible():
 
 def test_static_cache_reorders_in_place_in_hf_generate():
     model = tiny_model("llama", seed=11)
-    ids, mask = _prompts([6, 4], _seed())
+    ids, mask = left_padded([6, 4], _seed())
     kw = dict(num_beams=3, max_new_tokens=6, do_sample=False)
     ref = model.generate(ids, attention_mask=mask, **kw)
     cache = StaticKVCache(model.config, max_batch_size=6, max_cache_len=ids.shape[1] + 6)
@@ -276,7 +276,7 @@ def test_generate_beam_cache_written_in_place(monkeypatch):
         return K, Vv
 
     monkeypatch.setattr(StaticKVCache, "update", update)
-    ids, mask = _prompts([5, 2], _seed())
+    ids, mask = left_padded([5, 2], _seed())
     res = generate(model, ids, attention_mask=mask, num_beams=4, max_new_tokens=6,
                    do_sample=False, return_dict_in_generate=True)
     assert len(seen) == 6 and len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
@@ -358,7 +358,7 @@ def test_beam_search_returns_attentions_and_hidden_states_like_hf(arch):
     # only (transformers runs beam search on a DynamicCache): left padding included.
     model = tiny_model(arch, seed=6)
     model.set_attn_implementation("eager")
-    ids, mask = _prompts([7, 3], _seed())
+    ids, mask = left_padded([7, 3], _seed())
     kw = dict(attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=5,
               do_sample=False, return_dict_in_generate=True, output_scores=True,
               output_attentions=True, output_hidden_states=True)
@@ -377,7 +377,7 @@ def test_beam_search_from_inputs_embeds_like_hf(case):
     # the new tokens only, and the penalty history starts empty, as in transformers.
     model = tiny_model("llama", seed=7)
     model.set_attn_implementation("eager")
-    ids, mask = _prompts([6, 4], _seed())
+    ids, mask = left_padded([6, 4], _seed())
     with torch.no_grad():
         embeds = model.get_input_embeddings()(ids)
     kw = dict(attention_mask=mask, num_beams=3, max_new_tokens=5, do_sample=False,

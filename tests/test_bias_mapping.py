@@ -14,7 +14,7 @@ from transformers.generation import logits_process as lp
 
 import gpu_sampler
 from gpu_sampler.hf.generation import generate
-from tests.models import tiny_model
+from tests.models import left_padded, tiny_model
 from tests.test_seq2seq import tiny_seq2seq
 
 V = 1000
@@ -28,14 +28,7 @@ def model():
 @pytest.fixture(scope="module")
 def prompts():
     """Left-padded prompts of lengths 7, 3, 5: (ids, mask)."""
-    g = torch.Generator().manual_seed(4)
-    lengths, L = (7, 3, 5), 7
-    ids = torch.zeros(3, L, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, L - n:] = torch.randint(3, V, (n,), generator=g)
-        mask[b, L - n:] = 1
-    return ids, mask
+    return left_padded((7, 3, 5), 4, V)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from gpu_sampler.contrastive import contrastive_scores, contrastive_scores_refer
 from gpu_sampler.hf.generation import generate
 from hf_reference import assert_matches_hf, assert_same_distribution
 from tests.chisq import assert_drawn_from
-from tests.models import tiny_model
+from tests.models import left_padded, tiny_model
 
 NINF, INF, NAN = float("-inf"), float("inf"), float("nan")
 
@@ -246,17 +246,6 @@ def test_twin_direct_matches_public():
 V = 1000
 
 
-def _prompts(lengths, seed):
-    g = torch.Generator().manual_seed(seed)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, L - n:] = torch.randint(3, V, (n,), generator=g)
-        mask[b, L - n:] = 1
-    return ids, mask
-
-
 @pytest.fixture(scope="module")
 def expert():
     return tiny_model("llama", seed=21)
@@ -286,7 +275,7 @@ def _reference_greedy(expert, amateur, ids, mask, steps, alpha, beta):
 
 @pytest.mark.parametrize("alpha,beta", [(0.1, 0.5), (0.0, 2.0)])
 def test_generate_greedy_matches_reference_loop(expert, amateur, alpha, beta):
-    ids, mask = _prompts([7, 3, 5], 31)
+    ids, mask = left_padded([7, 3, 5], 31)
     steps = 8
     out = generate(expert, ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
                    amateur_model=amateur, cd_alpha=alpha, cd_beta=beta)
@@ -298,7 +287,7 @@ def test_generate_greedy_matches_reference_loop(expert, amateur, alpha, beta):
 
 def test_generate_cd_beta_zero_is_plain_greedy(expert, amateur):
     """The expert's argmax is always in its head, so cd_beta = 0 greedy is transformers' greedy."""
-    ids, mask = _prompts([4, 6], 32)
+    ids, mask = left_padded([4, 6], 32)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
     out = generate(expert, ids, amateur_model=amateur, cd_alpha=0.3, cd_beta=0.0, **kw)
     assert torch.equal(out, expert.generate(ids, **kw))
@@ -307,7 +296,7 @@ def test_generate_cd_beta_zero_is_plain_greedy(expert, amateur):
 def test_generate_first_token_distribution(expert, amateur):
     """Seeded sampling through generate: the first token's frequencies (chi-square) follow
     sampling_distribution of the two models' prompt logits; step 0's logits are the scores."""
-    ids, mask = _prompts([5, 3], 33)
+    ids, mask = left_padded([5, 3], 33)
     kw = dict(do_sample=True, temperature=0.3, top_k=40, cd_alpha=0.1, cd_beta=0.5)
     with torch.no_grad():
         pos = (mask.cumsum(1) - 1).clamp_min(0)
@@ -328,7 +317,7 @@ def test_generate_first_token_distribution(expert, amateur):
 
 
 def test_generate_sampling_seeded_batch_with_padding(expert, amateur):
-    ids, mask = _prompts([6, 2, 4], 34)
+    ids, mask = left_padded([6, 2, 4], 34)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=20, seed=3,
               amateur_model=amateur, cd_beta=1.0)
     a, b = generate(expert, ids, **kw), generate(expert, ids, **kw)
@@ -342,7 +331,7 @@ def test_generate_sampling_seeded_batch_with_padding(expert, amateur):
 def test_generate_fused_and_materialised_scores_agree(expert, amateur):
     """Without returned scores the amateur's logits go into sample()'s launches (run.fuse_cd);
     asking for scores materialises them first. Same seeded tokens either way."""
-    ids, mask = _prompts([5, 3], 35)
+    ids, mask = left_padded([5, 3], 35)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.9, seed=8,
               amateur_model=amateur, cd_alpha=0.05, cd_beta=0.7, repetition_penalty=1.3)
     fused = generate(expert, ids, **kw)

@@ -10,21 +10,9 @@ from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
 from tests.chisq import assert_drawn_from
-from tests.models import ARCHS, Recorder, tiny_model, train_tokenizer
+from tests.models import ARCHS, Recorder, left_padded, tiny_model, train_tokenizer
 
 V = 1000
-
-
-def _prompts(lengths, seed, vocab=V):
-    """Left-padded prompts of different lengths: (ids, mask)."""
-    g = torch.Generator().manual_seed(seed)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, L - n:] = torch.randint(3, vocab, (n,), generator=g)
-        mask[b, L - n:] = 1
-    return ids, mask
 
 
 def _seed():
@@ -47,7 +35,7 @@ GREEDY_CASES = {
 
 @pytest.mark.parametrize("case", list(GREEDY_CASES))
 def test_greedy_matches_hf(arch_model, case):
-    ids, mask = _prompts([9, 5, 2], _seed())
+    ids, mask = left_padded([9, 5, 2], _seed())
     kw = dict(GREEDY_CASES[case], max_new_tokens=12, do_sample=False)
     ref = arch_model.generate(ids, attention_mask=mask, **kw)
     out = generate(arch_model, ids, attention_mask=mask, **kw)
@@ -55,7 +43,7 @@ def test_greedy_matches_hf(arch_model, case):
 
 
 def test_greedy_eos_mid_way_and_eos_list(arch_model):
-    ids, mask = _prompts([8, 3, 6], _seed())
+    ids, mask = left_padded([8, 3, 6], _seed())
     L = ids.shape[1]
     free = arch_model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False,
                                eos_token_id=V + 5)
@@ -73,7 +61,7 @@ def test_greedy_eos_mid_way_and_eos_list(arch_model):
 
 def test_eos_shortens_output_with_padding():
     model = tiny_model("llama", seed=9)
-    ids, mask = _prompts([4, 7, 5], _seed())
+    ids, mask = left_padded([4, 7, 5], _seed())
     L = ids.shape[1]
     free = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
                           eos_token_id=V + 5)
@@ -97,7 +85,7 @@ class _BanMultiplesOf(lp.LogitsProcessor):
 
 def test_user_logits_processor_with_repetition_penalty_matches_hf():
     model = tiny_model("qwen2", seed=2)
-    ids, mask = _prompts([6, 3, 5], _seed())
+    ids, mask = left_padded([6, 3, 5], _seed())
     kw = dict(max_new_tokens=10, do_sample=False, repetition_penalty=1.3)
     ref = model.generate(ids, attention_mask=mask,
                          logits_processor=lp.LogitsProcessorList([_BanMultiplesOf(3)]), **kw)
@@ -118,7 +106,7 @@ def _hf_chain(first_attended, rp=1.2, T=0.7, k=50, p=0.9, min_p=None):
 @pytest.mark.parametrize("min_p", [None, 0.05])
 def test_sampling_scores_equal_hf_processor_chain(min_p):
     model = tiny_model("llama", seed=4)
-    ids, mask = _prompts([7, 4, 6], _seed())
+    ids, mask = left_padded([7, 4, 6], _seed())
     L = ids.shape[1]
     kw = dict(do_sample=True, repetition_penalty=1.2, temperature=0.7, top_k=50, top_p=0.9)
     if min_p is not None:
@@ -151,7 +139,7 @@ def test_sampling_scores_equal_hf_processor_chain(min_p):
 ])
 def test_step0_scores_match_hf_config_resolution(config):
     model = tiny_model("gpt2", seed=1)
-    ids, mask = _prompts([5, 5], _seed())
+    ids, mask = left_padded([5, 5], _seed())
     res = generate(model, ids, attention_mask=mask, max_new_tokens=1,
                    return_dict_in_generate=True, output_scores=True, **config)
     hf = model.generate(ids, attention_mask=mask, max_new_tokens=1,
@@ -163,7 +151,7 @@ def test_model_generation_config_sampling_defaults_apply():
     model = tiny_model("llama", seed=6)
     model.generation_config = GenerationConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                                do_sample=True, top_k=7, temperature=0.5)
-    ids, mask = _prompts([4], _seed())
+    ids, mask = left_padded([4], _seed())
     res = generate(model, ids, max_new_tokens=3, return_dict_in_generate=True, output_scores=True)
     assert all(int(torch.isfinite(s).sum()) <= 7 for s in res.scores)
     hf = model.generate(ids, max_new_tokens=1, return_dict_in_generate=True, output_scores=True)
@@ -172,7 +160,7 @@ def test_model_generation_config_sampling_defaults_apply():
 
 def test_first_token_distribution_matches_hf():
     model = tiny_model("llama", seed=8)
-    ids, mask = _prompts([6, 3], _seed())
+    ids, mask = left_padded([6, 3], _seed())
     kw = dict(do_sample=True, repetition_penalty=1.2, temperature=1.5, top_k=50, top_p=0.95)
     hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, return_dict_in_generate=True,
                         output_scores=True, **kw)
@@ -188,7 +176,7 @@ def test_first_token_distribution_matches_hf():
 
 def test_num_return_sequences_expand_like_hf():
     model = tiny_model("mistral", seed=3)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     out = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
                    num_return_sequences=3, seed=7)
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
@@ -200,7 +188,7 @@ def test_num_return_sequences_expand_like_hf():
 
 def test_seed_makes_rows_reproducible_and_batch_independent():
     model = tiny_model("llama", seed=7)
-    ids, mask = _prompts([6, 4, 5], _seed())
+    ids, mask = left_padded([6, 4, 5], _seed())
     kw = dict(max_new_tokens=10, do_sample=True, temperature=0.9, top_p=0.95)
     a = generate(model, ids, attention_mask=mask, seed=11, **kw)
     b = generate(model, ids, attention_mask=mask, seed=11, **kw)
@@ -212,7 +200,7 @@ def test_seed_makes_rows_reproducible_and_batch_independent():
 
 def test_generator_reproducibility_with_manual_seed():
     model = tiny_model("gpt2", seed=7)
-    ids, mask = _prompts([6, 4], _seed())
+    ids, mask = left_padded([6, 4], _seed())
     torch.manual_seed(99)
     a = generate(model, ids, attention_mask=mask, max_new_tokens=8, do_sample=True)
     torch.manual_seed(99)
@@ -222,7 +210,7 @@ def test_generator_reproducibility_with_manual_seed():
 
 def test_presence_frequency_penalties_change_greedy_repeats():
     model = tiny_model("llama", seed=12)
-    ids, mask = _prompts([3], _seed())
+    ids, mask = left_padded([3], _seed())
     plain = generate(model, ids, max_new_tokens=30, do_sample=False)
     pen = generate(model, ids, max_new_tokens=30, do_sample=False, presence_penalty=50.0)
     new = pen[0, ids.shape[1]:].tolist()
@@ -232,7 +220,7 @@ def test_presence_frequency_penalties_change_greedy_repeats():
 
 def test_streamer_protocol_matches_hf():
     model = tiny_model("llama", seed=13)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     free = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     eos = [int(free[0, -5]), int(free[1, -6])]
     rec_hf, rec = Recorder(), Recorder()
@@ -271,7 +259,7 @@ def test_stop_strings_and_user_stopping_criteria_match_hf():
 
 def test_patch_unpatch(monkeypatch):
     model = tiny_model("gpt2", seed=15)
-    ids, mask = _prompts([4, 2], _seed())
+    ids, mask = left_padded([4, 2], _seed())
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
     calls = []
     real = gpu_sampler.hf.generation.sample
@@ -305,7 +293,7 @@ def test_generate_uses_static_cache_without_reallocation(monkeypatch):
         return K, _
 
     monkeypatch.setattr(StaticKVCache, "update", update)
-    ids, mask = _prompts([5, 2, 4], _seed())
+    ids, mask = left_padded([5, 2, 4], _seed())
     res = generate(model, ids, attention_mask=mask, max_new_tokens=9, do_sample=False,
                    return_dict_in_generate=True)
     assert len(seen) == 9  # one prefill + 8 decode steps
@@ -329,7 +317,7 @@ def test_buffers_double_between_steps(monkeypatch):
         return real_grow(model, cache, B, length)
 
     monkeypatch.setattr(buffers, "_grow_cache", grow)
-    ids, mask = _prompts([6, 2], _seed())
+    ids, mask = left_padded([6, 2], _seed())
     L = ids.shape[1]
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
                          repetition_penalty=1.2, return_dict_in_generate=True)
@@ -400,7 +388,7 @@ def test_compile_traces_like_eager(monkeypatch):
     """The compiled decode step is traced by dynamo and matches eager (cheap backend; the real
     inductor run is the next test)."""
     model = tiny_model("llama", seed=17)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     ref = generate(model, ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
     real_compile = torch.compile
     used = []
@@ -419,7 +407,7 @@ def test_compile_traces_like_eager(monkeypatch):
 def test_compile_inductor_same_tokens_as_eager():
     """The real torch.compile (inductor on CPU): about 25-55 s of compilation, within budget."""
     model = tiny_model("llama", seed=18)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     ref = generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
     out = generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                    compile=True)
@@ -434,7 +422,7 @@ def test_huge_max_new_tokens_allocates_what_is_generated():
     from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
     model = tiny_model("llama", seed=20)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     L = ids.shape[1]
 
     class StopAt(StoppingCriteria):
@@ -463,7 +451,7 @@ def test_compile_config_follows_transformers_auto_compile(monkeypatch):
     from transformers import CompileConfig
 
     model = tiny_model("llama", seed=22)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     ref = generate(model, ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     used = []
 
@@ -501,7 +489,7 @@ def test_suppress_tokens_keep_the_fused_step(monkeypatch):
     # so the repetition penalty and the warpers stay in sample() (not run in torch), and the
     # processed scores are still transformers'.
     model = tiny_model("llama", seed=29)
-    ids, mask = _prompts([6, 3], _seed())
+    ids, mask = left_padded([6, 3], _seed())
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=20, top_p=0.9,
               temperature=0.8, repetition_penalty=1.4, suppress_tokens=[5, 6, 7],
               begin_suppress_tokens=[8, 9], return_dict_in_generate=True, output_scores=True)
@@ -526,7 +514,7 @@ def test_suppress_tokens_keep_the_fused_step(monkeypatch):
 def test_other_transformers_processors_match_hf(case):
     """Processors without a fused twin run as transformers' own, in transformers' order."""
     model = tiny_model("gpt2", seed=23)
-    ids, mask = _prompts([5, 3], _seed())
+    ids, mask = left_padded([5, 3], _seed())
     L = ids.shape[1]
     kw = dict(TORCH_SIDE_CASES[case], attention_mask=mask, max_new_tokens=6,
               return_dict_in_generate=True, output_scores=True, pad_token_id=0)

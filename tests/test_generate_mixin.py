@@ -18,6 +18,7 @@ from gpu_sampler.hf.cache import StaticKVCache
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch
 from gpu_sampler.tiny import seeded_random_model
+from tests.models import left_padded
 
 V = 128
 _DECODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -63,23 +64,11 @@ def some_model(request):
     return _shared(request.param)
 
 
-def _prompts(lengths, seed=0):
-    """Left-padded prompts (ids, mask); pads are token 0."""
-    g = torch.Generator().manual_seed(seed)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, L - n:] = torch.randint(3, V, (n,), generator=g)
-        mask[b, L - n:] = 1
-    return ids, mask
-
-
 GREEDY = dict(do_sample=False, eos_token_id=None)
 
 
 def test_greedy_left_padding(model):
-    ids, mask = _prompts([7, 4, 2], seed=1)
+    ids, mask = left_padded([7, 4, 2], 1, vocab=V)
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=10, **GREEDY)
     out = generate(model, ids, attention_mask=mask, max_new_tokens=10, **GREEDY)
     assert torch.equal(out, ref)
@@ -89,7 +78,7 @@ def test_greedy_left_padding(model):
 
 
 def test_inputs_embeds(model):
-    ids, mask = _prompts([6, 3], seed=2)
+    ids, mask = left_padded([6, 3], 2, vocab=V)
     embeds = model.get_input_embeddings()(ids)
     for extra in (dict(), dict(input_ids=ids)):
         kw = dict(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=5, **GREEDY, **extra)
@@ -102,7 +91,7 @@ def test_inputs_embeds_penalty_history_like_hf(model):
     # transformers ignores the sequences' columns before the mask's first attended position;
     # from inputs_embeds alone the sequences hold new tokens only, so on a left-padded row its
     # first generated tokens escape the penalty. The scores show it at every step.
-    ids, mask = _prompts([6, 2], seed=4)
+    ids, mask = left_padded([6, 2], 4, vocab=V)
     with torch.no_grad():
         embeds = model.get_input_embeddings()(ids)
     kw = dict(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6, do_sample=False,
@@ -135,7 +124,7 @@ def test_static_cache_implementation(some_model):
 
 
 def _check_outputs(model, cache_implementation):
-    ids, mask = _prompts([5, 3], seed=3)
+    ids, mask = left_padded([5, 3], 3, vocab=V)
     kw = dict(attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True,
               output_scores=True, output_logits=True, output_attentions=True,
               output_hidden_states=True, cache_implementation=cache_implementation, **GREEDY)
@@ -170,7 +159,7 @@ def _assert_same_cache(ours, theirs, mask=None):
 
 
 def test_continue_from_returned_cache(model):
-    ids, mask = _prompts([6, 4], seed=4)
+    ids, mask = left_padded([6, 4], 4, vocab=V)
     kw = dict(max_new_tokens=4, return_dict_in_generate=True, **GREEDY)
     ref = model.generate(ids, attention_mask=mask, **kw)
     out = generate(model, ids, attention_mask=mask, **kw)
@@ -189,7 +178,7 @@ def test_continue_from_returned_cache(model):
 
 def test_continue_from_static_caches():
     model = _model("llama", seed=1)
-    ids, mask = _prompts([6, 4], seed=6)
+    ids, mask = left_padded([6, 4], 6, vocab=V)
     for make in (lambda: StaticKVCache(model.config, 2, 40),
                  lambda: StaticCache(config=model.config, max_cache_len=40)):
         ours, theirs = make(), make()
@@ -206,7 +195,7 @@ def test_continue_from_static_caches():
 
 def test_use_cache_false_recomputes(some_model):
     model = some_model
-    ids, mask = _prompts([5, 2], seed=7)
+    ids, mask = left_padded([5, 2], 7, vocab=V)
     kw = dict(attention_mask=mask, max_new_tokens=6, use_cache=False, **GREEDY)
     ref = model.generate(ids, return_dict_in_generate=True, output_attentions=True, **kw)
     out = generate(model, ids, return_dict_in_generate=True, output_attentions=True, **kw)
@@ -217,7 +206,7 @@ def test_use_cache_false_recomputes(some_model):
 
 def test_eos_list_and_num_return_sequences(some_model):
     model = some_model
-    ids, mask = _prompts([5, 3], seed=8)
+    ids, mask = left_padded([5, 3], 8, vocab=V)
     L = ids.shape[1]
     free = model.generate(ids, attention_mask=mask, max_new_tokens=8, **GREEDY)
     eos = [int(free[0, L + 2]), int(free[1, L + 4])]
@@ -232,7 +221,7 @@ def test_eos_list_and_num_return_sequences(some_model):
 
 def test_positional_generation_config_through_patch():
     model = _model("gpt2", seed=2)
-    ids, mask = _prompts([4, 4], seed=9)
+    ids, mask = left_padded([4, 4], 9, vocab=V)
     config = GenerationConfig(max_new_tokens=6, do_sample=False, pad_token_id=0)
     ref = model.generate(ids, config, attention_mask=mask)
     patch(model)
@@ -248,7 +237,7 @@ def test_positional_generation_config_through_patch():
                                    "remove_invalid_values"])
 def test_model_inputs_match_hf(extra):
     model = _model("gpt2", seed=3)
-    ids, mask = _prompts([6, 4], seed=10)
+    ids, mask = left_padded([6, 4], 10, vocab=V)
     kw = dict(attention_mask=mask, max_new_tokens=6, **GREEDY)
     if extra == "position_ids":
         kw["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0) + 5
@@ -284,6 +273,6 @@ def _gpt_neo_local():
 def test_gpt_neo_local_attention():
     config = _gpt_neo_local()
     model = seeded_random_model(lambda: AutoModelForCausalLM.from_config(config), 0, std=0.2)
-    ids, mask = _prompts([7, 4], seed=11)
+    ids, mask = left_padded([7, 4], 11, vocab=V)
     kw = dict(attention_mask=mask, max_new_tokens=10, **GREEDY)
     assert torch.equal(generate(model, ids, **kw), model.generate(ids, **kw))
