@@ -12,7 +12,17 @@ if os.environ.get("GPU_SAMPLER_TEST_DEVICE", "cpu") == "cpu":
 # loading path and the paths' agreement, not the text. tests/test_cli.py trains a few steps.
 os.environ.setdefault("GPU_SAMPLER_TINY_STEPS", "0")
 
+# One intra-op thread: the tests' tensors are tiny, and with two threads on the 2-core CI
+# machine any other busy process turns torch's thread hand-offs into spin-waits
+# (tests/test_generate.py + test_beam.py under load: 131 s with 2 threads, 25 s with 1).
+# Set before torch is imported so subprocesses (tests/test_distributed.py) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"] == "1":
+    torch.set_num_threads(1)
 
 
 DEVICE = os.environ.get("GPU_SAMPLER_TEST_DEVICE", "cpu")
