@@ -142,7 +142,7 @@ VARIANTS = {
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
     "band_plan": ("band_plan", dict(TB=16, GROW=16, num_warps=4)),
     "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4)),
-    "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=256,
+    "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
                                         maxnreg=128)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),

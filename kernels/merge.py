@@ -513,9 +513,13 @@ def _merge_kernel(
             lo = tl.where(k_act, tau, cmin)
             lo_mass = tl.where(k_act, zk, cmass)
             target = p * zk
-            tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
-                                   False, LB_BLOCK, NPIV, MAX_ROUNDS)
-            exact = exact & ((lo_mass >= target) | complete) & (tau > G)
+            # a list holding less than the target (and not every token) cannot give an exact
+            # tau: skip the search (its rounds were half the merge of a flat top-p row)
+            exact = exact & ((lo_mass >= target) | complete)
+            if exact:
+                tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
+                                       False, LB_BLOCK, NPIV, MAX_ROUNDS)
+                exact = exact & (tau > G)
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
 

@@ -1,7 +1,8 @@
 """Launcher of the sampling kernels: penalties, temperature, top-k, top-p, min-p and the draw.
 
 A call is two launches over the [B, V] logits (three with penalties, two more when a row can
-have min-p and no top-k / top-p, one more for the distribution), with a static workspace per
+have min-p and no top-k / top-p, three more when a row can have top-p without top-k, one more
+for the distribution), with a static workspace per
 (B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
@@ -12,6 +13,11 @@ have min-p and no top-k / top-p, one more for the distribution), with a static w
     kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
                                                               (min-p alone, unproven pure T)
     kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
+    kernels/band.py     _band_plan_kernel       grid (B,)     top-p rows (no top-k) the merge hands
+                                                              over: the band around tau, estimated
+    kernels/band.py     _band_gather_kernel     grid (B, C)   their second read: above / band / below
+    kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
+                                                              merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
 
 C (chunks per row) only changes which program handles which block: every partial is per block
@@ -296,7 +302,7 @@ def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
         L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, gf,
         gi, *xs, wf, **c.flags("topp", "minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        NT_P2=g["NT_P2"], CB=256, NPIV=npiv, MAX_ROUNDS=max_rounds, num_warps=warps,
+        NT_P2=g["NT_P2"], CB=1024, NPIV=npiv, MAX_ROUNDS=max_rounds, num_warps=warps,
         **_regs(MERGE_REGS), **_band_const(c))
 
 
