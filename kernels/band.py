@@ -276,15 +276,18 @@ def _band_draw(xs_ptr, is_ptr, base, n, M, tau, minp, k0, k1, z_f, best, bidx, b
 
 @triton.jit
 def _band_mass(xs_ptr, base, n, M, CB: tl.constexpr):
-    """(sum e^(x - M), min x) over the band list (per-lane sums, then one tree: fixed order)."""
+    """(sum e^(x - M), min x, max x) over the band list (per-lane sums, then one tree: a fixed
+    order)."""
     w = tl.zeros([CB], tl.float32)
     lo = tl.full([CB], float("inf"), tl.float32)
+    hi = tl.full([CB], float("-inf"), tl.float32)
     for b0 in range(0, n, CB):
         idx = b0 + tl.arange(0, CB)
         x = tl.load(xs_ptr + base + idx, mask=idx < n, other=float("-inf"))
         w += tl.exp(x - M)
         lo = tl.minimum(lo, tl.where(idx < n, x, float("inf")))
-    return tl.sum(w, axis=0), tl.min(lo, axis=0)
+        hi = tl.maximum(hi, x)
+    return tl.sum(w, axis=0), tl.min(lo, axis=0), tl.max(hi, axis=0)
 
 
 @triton.jit
@@ -307,12 +310,14 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, base, NT, M, Z, p, minp, k0, k1,
                          float("-inf")), axis=0)
     bidx = tl.where(best > float("-inf"), bidx, -1)
     n = tl.load(bi + I_N)
-    wb, lo = _band_mass(xs_ptr, base, n, M, CB)
+    wb, lo, hi = _band_mass(xs_ptr, base, n, M, CB)
     target = p * Z - wa
     ok = (target > 0.0) & (wb >= target)
     tau = lo
     if ok:
-        tau, _ = _cand_search(xs_ptr, base, n, M, lo, M, wb, target, False, CB, NPIV,
+        # pivots in (min, max] of the band (a data value, like the merge's M): none wasted
+        # above it
+        tau, _ = _cand_search(xs_ptr, base, n, M, lo, hi, wb, target, False, CB, NPIV,
                               MAX_ROUNDS)
         ok = (tau > bmax) & (tau <= amin)
     if ok:
