@@ -94,3 +94,22 @@ def test_band_failures_take_the_row_pass(monkeypatch):
     assert reads.bytes.get("_band_gather_kernel", 0) == 0
     assert reads.bytes["_band_finish_kernel"] >= 2 * 2 * V * 4  # a search round + the draw, each
     _check(x, kw, tok, lp)
+
+
+def test_band_misestimate_fails_validation_and_takes_the_row_pass(monkeypatch):
+    """The estimate takes a bin's mass at a uniform density: 30 tokens at x = -0.88 (the top of
+    bin [-1, -0.875)) weigh 6% more than estimated, 20 at x = -3 (a bin's bottom) 6% less. With
+    p inside that error (W(-0.88) >= p Z, the estimate's head < p Z) the plan puts the boundary
+    in the -3 bin and the band cannot hold both groups (CAP = 32): the gather reads the row, the
+    finish finds W_above >= p Z and runs the row pass. Still the twin's token."""
+    V = 2048
+    x = torch.full((1, V), float("-inf"))
+    x[0, 5] = 0.0
+    x[0, 64:94] = -0.88
+    x[0, 128:148] = -3.0
+    kw = dict(temperature=1.0, top_p=0.929, seed=torch.tensor([9]), offset=0)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=1, **kw)
+    assert reads.bytes["_band_gather_kernel"] == V * 4  # the plan found a band
+    assert reads.bytes["_band_finish_kernel"] >= 2 * V * 4  # validation failed: the row pass
+    _check(x, kw, tok, lp)
