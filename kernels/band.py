@@ -15,7 +15,7 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
     _band_finish_kernel  grid (B,)    validate, search tau on the band, draw, logprob; a row
                                       that fails takes merge.py's row pass here (same answer)
 
-Math (x = fl(xp / T), e = e^(x - M), M and Z from the merge). Bin j of block t covers
+Math (x = fl(xp / T), e = e^(x - M), M and Z as the merge has them: merge._row_mz). Bin j of block t covers
 x ~ [(F_t - j) / 8, (F_t - j + 1) / 8), so its mass is estimated as
 count e^((F_t - j) / 8 - M) 8 (e^(1/8) - 1) (a uniform density inside the bin). The plan takes
 the smallest row edge E with Z - W_est(J >= E) >= p Z (bisection: masked sums over the

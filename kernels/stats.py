@@ -151,7 +151,7 @@ def _block_bands(v, vm, hmask, tdiv, hrow, frow, t):
     """The band read's estimate (kernels/band.py): F_t = floor(vm s), s = BAND_S / T, and the
     count of the block's finite tokens per bin j = min(F_t - floor(xp s), NBIN - 1) (bin j of
     block t covers x ~ [(F_t - j) / BAND_S, (F_t - j + 1) / BAND_S)): NBIN int16 + 1 float,
-    262 bytes per block. v is -inf where xp is not finite (the block's exact redo did that)."""
+    260 bytes per block. v is -inf where xp is not finite (the block's exact redo did that)."""
     s = BAND_S / tdiv
     F = tl.floor(vm * s)
     h = tl.histogram(_band_bin(v, F, s), NBIN, mask=hmask)
