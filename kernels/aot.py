@@ -22,7 +22,9 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "sf_ptr": "*fp32", "si_ptr": "*i32", "xs_ptr": "*fp32",
        "is_ptr": "*i32", "am_ptr": "*fp32", "la_ptr": "*fp32", "beta_ptr": "*fp32",
        "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
-       "qi_ptr": "*i32", "x_ptr": "*i32"}
+       "qi_ptr": "*i32", "x_ptr": "*i32", "bf_ptr": "*fp32", "bi_ptr": "*i32",
+       "hb_ptr": "*i16", "ft_ptr": "*fp32", "boff_ptr": "*i32", "gf_ptr": "*fp32",
+       "gi_ptr": "*i32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -33,8 +35,10 @@ GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS
 
 
 def _kernel(name):
-    from . import history, merge, second, stats
-    return {"history": history._bucket_history_kernel, "stats": stats._stats_kernel,
+    from . import band, history, merge, second, stats
+    return {"band_plan": band._band_plan_kernel, "band_gather": band._band_gather_kernel,
+            "band_finish": band._band_finish_kernel,
+            "history": history._bucket_history_kernel, "stats": stats._stats_kernel,
             "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel,
             "gather": second._gather_kernel, "finish": second._finish_kernel}[name]
 
@@ -58,6 +62,9 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
     # as the launcher: the second read when a row can have min-p and no top-k / top-p
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
+    # as the launcher: the band read when a row can have top-p without top-k
+    consts.setdefault("BANDS", consts["HAS_TOPP"] and (consts["TOPK_T"] or not consts["HAS_TOPK"])
+                      and not consts["CD"] and not consts["WRITE_PROBS"])
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
@@ -128,6 +135,15 @@ VARIANTS = {
     "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4)),
     "finish:distribution": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, WRITE_PROBS=True,
                                            num_warps=4)),
+    # the band read of top-p rows (no top-k) whose nucleus outgrew the candidates
+    "stats:bands": ("stats", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4, maxnreg=64)),
+    "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
+                                             maxnreg=72)),
+    "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
+    "band_plan": ("band_plan", dict(TB=16, GROW=16, num_warps=4)),
+    "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4)),
+    "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
+                                        maxnreg=128)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),

@@ -226,6 +226,31 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
     return offs, inb, xp, emax, elo
 
 
+# the band read's bins (kernels/stats.py writes, kernels/band.py reads): BAND_S bins per unit of
+# x, NBIN bins per block (16 units below the block's max; the last bin is open)
+BAND_S = tl.constexpr(8.0)
+NBIN = tl.constexpr(128)
+SHIFT_MAX = tl.constexpr(8192.0)
+
+
+@triton.jit
+def _band_bin(xp, F, s):
+    """A token's bin in its block: j = min(F - floor(xp s), NBIN - 1) with s = BAND_S / T and
+    F = floor(vm s) (vm the block's max finite xp), NaN -> the last bin. An estimate's grid:
+    every kernel that bins a token uses this same arithmetic on the same xp and the F that
+    stage 1 stored, so a token lands in the same bin in all of them."""
+    d = F - tl.floor(xp * s)
+    return tl.where(d < NBIN - 1, d, NBIN - 1).to(tl.int32)
+
+
+@triton.jit
+def _band_shift(fmax, F):
+    """Block bin j -> row bin J = j + shift: shift = Fmax - F (exact: both are integers in
+    fp32), clamped at SHIFT_MAX (NaN / inf -> SHIFT_MAX: blocks with no finite token)."""
+    d = fmax - F
+    return tl.where(d < SHIFT_MAX, d, SHIFT_MAX).to(tl.int32)
+
+
 @triton.jit
 def _tempered(xp, tdiv, ovf_row, xpmax):
     """x = xp / T; an overflowed row keeps its xp argmax tie group (x = 0, rest -inf)."""

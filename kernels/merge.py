@@ -17,7 +17,10 @@ search and the draw over the row itself: passes = 1 per top-k / top-p search rou
 With SECOND, rows that need no threshold search (min-p alone; pure temperature whose winner the
 block partials did not prove) are instead handed to kernels/second.py: a second read over the
 whole grid (B, C), then a (B,) finish; the merge writes their plan (M, Me, lmin) and flags
-them in its outputs (token -2; Z_f -1 for the distribution).
+them in its outputs (token -2; Z_f -1 for the distribution). With BANDS, top-p rows without
+top-k that would take the row pass go to kernels/band.py (a band of x around tau estimated from
+stage 1's histograms, one more read over (B, C)); the merge flags them with token -3. The row pass itself is ``_row_pass``, which band.py calls for rows whose band
+fails validation.
 """
 import triton
 import triton.language as tl
@@ -27,6 +30,12 @@ from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _p
                      _pure_row, _row_key, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
+
+# the band read's per-row plan (float32 [B, NBF]: M, Z, Fmax), written by its plan kernel; a
+# row the merge hands to it is flagged with token BAND_ROW (kernels/band.py)
+B_M, B_Z, B_FMAX = (tl.constexpr(i) for i in range(3))
+NBF = tl.constexpr(3)
+BAND_ROW = tl.constexpr(-3)
 
 # per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
 S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
@@ -147,6 +156,17 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
 
 
 @triton.jit
+def _row_mz(wfrow, NT, tt, tin):
+    """The blocks' maxima m_t and the row's M = max m_t, Z = sum z_t e^(m_t - M) (a fixed
+    tree over block indices: the same for any chunk count and batch)."""
+    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
+    z_t = tl.load(wfrow + F_Z * NT + tt, mask=tin, other=0.0)
+    M = tl.max(m_t, axis=0)
+    Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
+    return m_t, M, Z
+
+
+@triton.jit
 def _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, me,
                TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
                HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -184,6 +204,49 @@ def _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, target
     return idx.to(tl.int64)
 
 
+@triton.jit
+def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,
+              k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx,
+              TILE: tl.constexpr, E_BLOCK: tl.constexpr, NPIV: tl.constexpr,
+              MAX_ROUNDS: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
+              WRITE_PROBS: tl.constexpr):
+    """The exact row pass (last resort, one program): the top-k then top-p search over the
+    row itself (one pass per round), then one draw pass: keep x >= tau with e^(x - M) >= min_p,
+    Z_f, the Gumbel argmax (lowest id on ties). Overflowed rows (ovf) keep xp's argmax tie group
+    with x = 0. Shared by the merge and kernels/band.py's finish (rows whose band failed), so
+    both give the same answer. Returns (M, tau, Z_f, best score, token, its x)."""
+    M = tl.where(ovf, 0.0, M)
+    tau = tl.where(ovf, 0.0, lmin)
+    zk = Z
+    if k_act & (~ovf):
+        tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lmin,
+                              M, Z, k.to(tl.float32), arow, la, beta, Me, True, TILE, E_BLOCK,
+                              NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    if p_act & (~ovf):
+        tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, tau, M,
+                              zk, p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
+                              MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    for t in range(0, NT):
+        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                                              TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                                              HAS_BIAS, arow, la, beta, Me, CD, False)
+        x = _tempered(xp, tdiv, ovf, xpmax)
+        e = tl.exp(x - M)
+        keep = inb & (x >= tau) & (e >= minp)
+        z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
+        if not WRITE_PROBS:
+            score = tl.where(keep, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
+            tb = tl.max(score, axis=0)
+            ti = tl.argmax(score, 0, tie_break_left=True)
+            upd = tb > best
+            bidx = tl.where(upd, tl.cast(t, tl.int64) * TILE + ti.to(tl.int64), bidx)
+            bx = tl.where(upd, tl.max(tl.where(tl.arange(0, TILE) == ti, x, float("-inf")),
+                                      axis=0), bx)
+            best = tl.maximum(best, tb)
+    return M, tau, z_f, best, bidx, bx
+
+
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
 def _merge_kernel(
     logits_ptr, stride_lb, V, NT,
@@ -203,7 +266,7 @@ def _merge_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
     NT_P2: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
-    PURE_OK: tl.constexpr, SECOND: tl.constexpr,
+    PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr,
 ):
@@ -267,17 +330,14 @@ def _merge_kernel(
         while t < NT:
             _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
-                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), TILE, E_BLOCK, KT,
-                                  NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, True, False,
-                                  R, False)
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, TILE,
+                         E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, True,
+                         False, R, False, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
     # ---- merge the block partials, in block order ---------------------------------------------
-    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
-    z_t = tl.load(wfrow + F_Z * NT + tt, mask=tin, other=0.0)
-    M = tl.max(m_t, axis=0)
-    Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
+    m_t, M, Z = _row_mz(wfrow, NT, tt, tin)
     lmin = tl.min(tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf")), axis=0)
     G = tl.max(tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")), axis=0)
     ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
@@ -453,9 +513,13 @@ def _merge_kernel(
             lo = tl.where(k_act, tau, cmin)
             lo_mass = tl.where(k_act, zk, cmass)
             target = p * zk
-            tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
-                                   False, LB_BLOCK, NPIV, MAX_ROUNDS)
-            exact = exact & ((lo_mass >= target) | complete) & (tau > G)
+            # a list holding less than the target (and not every token) cannot give an exact
+            # tau: skip the search (its rounds were half the merge of a flat top-p row)
+            exact = exact & ((lo_mass >= target) | complete)
+            if exact:
+                tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
+                                       False, LB_BLOCK, NPIV, MAX_ROUNDS)
+                exact = exact & (tau > G)
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))
 
@@ -503,38 +567,19 @@ def _merge_kernel(
             fallback = fallback & (~fallback)
             bidx = bidx * 0 - 2
             z_f = z_f * 0.0 - 1.0
+    if BANDS:
+        # top-p rows (no top-k) whose nucleus outgrew the candidates go to the band read
+        # (kernels/band.py), grid (B, C), instead of the row pass, flagged as token -3 through
+        # bidx; nothing else is stored (M, Z stored here spilled 16 bytes in the per-row +
+        # min-p + pf variant: the band plan recomputes them from the blocks, _row_mz)
+        if fallback & p_act & (~k_act) & (~ovf):
+            fallback = fallback & (~fallback)
+            bidx = bidx * 0 + BAND_ROW
     if fallback:
-        M = tl.where(ovf, 0.0, M)
-        tau = tl.where(ovf, 0.0, lmin)
-        zk = Z
-        if k_act & (~ovf):
-            tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lmin,
-                                  M, Z,
-                                  k.to(tl.float32), arow, la, beta, Me, True, TILE, E_BLOCK,
-                                  NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
-        if p_act & (~ovf):
-            tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, tau, M,
-                                  zk,
-                                  p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
-                                  MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
-        for t in range(0, NT):
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
-                                                  HAS_BIAS,
-                                                  arow, la, beta, Me, CD, False)
-            x = _tempered(xp, tdiv, ovf, xpmax)
-            e = tl.exp(x - M)
-            keep = inb & (x >= tau) & (e >= minp)
-            z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
-            if not WRITE_PROBS:
-                score = tl.where(keep, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-                tb = tl.max(score, axis=0)
-                ti = tl.argmax(score, 0, tie_break_left=True)
-                upd = tb > best
-                bidx = tl.where(upd, tl.cast(t, tl.int64) * TILE + ti.to(tl.int64), bidx)
-                bx = tl.where(upd, tl.max(tl.where(tl.arange(0, TILE) == ti, x, float("-inf")),
-                                          axis=0), bx)
-                best = tl.maximum(best, tb)
+        M, tau, z_f, best, bidx, bx = _row_pass(
+            lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,
+            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
+            NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
 
     if WRITE_PROBS:
         tl.store(sf_ptr + row * NS + S_M, M)

@@ -1,7 +1,8 @@
 """Launcher of the sampling kernels: penalties, temperature, top-k, top-p, min-p and the draw.
 
 A call is two launches over the [B, V] logits (three with penalties, two more when a row can
-have min-p and no top-k / top-p, one more for the distribution), with a static workspace per
+have min-p and no top-k / top-p, three more when a row can have top-p without top-k, one more
+for the distribution), with a static workspace per
 (B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
@@ -12,6 +13,11 @@ have min-p and no top-k / top-p, one more for the distribution), with a static w
     kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
                                                               (min-p alone, unproven pure T)
     kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
+    kernels/band.py     _band_plan_kernel       grid (B,)     top-p rows (no top-k) the merge hands
+                                                              over: the band around tau, estimated
+    kernels/band.py     _band_gather_kernel     grid (B, C)   their second read: above / band / below
+    kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
+                                                              merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
 
 C (chunks per row) only changes which program handles which block: every partial is per block
@@ -26,9 +32,11 @@ from typing import NamedTuple
 import torch
 import triton
 
+from .common import NBIN
 from .history import _bucket_history_kernel
 from .launch import edit_table, log_alpha, next_pow2, split_param
-from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
+from .band import NBI, NG, _band_finish_kernel, _band_gather_kernel, _band_plan_kernel
+from .merge import NBF, NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 
@@ -124,6 +132,7 @@ class _Call:
     modes: dict             # HAS_TOPK / HAS_TOPP / HAS_MINP
     pure_ok: bool           # a row can be pure temperature: stage 1 writes draw partials
     second: bool            # a row can take the second read (kernels/second.py)
+    bands: bool             # a row can take the band read (kernels/band.py)
     wide: bool              # the 72-register stage-1 variant
     num_warps: int
 
@@ -135,7 +144,7 @@ class _Call:
 def _modes(logits, temperature, top_k, top_p, min_p, input_ids, rep, pres, freq, write_probs,
            cd):
     """Which code paths this call can need, from the Python scalars alone (a tensor
-    parameter may hold anything): (has_rep, has_pf, pure_ok, second, wide, modes)."""
+    parameter may hold anything): (has_rep, has_pf, pure_ok, second, bands, wide, modes)."""
     V = logits.shape[1]
     on = lambda v: isinstance(v, torch.Tensor)  # noqa: E731
     has_hist = input_ids is not None and input_ids.shape[1] > 0
@@ -154,10 +163,15 @@ def _modes(logits, temperature, top_k, top_p, min_p, input_ids, rep, pres, freq,
     # winner the merge could not prove (logits ~1e6, kernels/README.md), which keep the
     # merge's row pass.
     second = no_k and no_p and hot and (on(min_p) or min_p > 0.0)
+    # Can a row be top-p without top-k (T > 0)? Then stage 1 writes the band estimate and the
+    # merge hands rows whose nucleus outgrew the candidates to the band read (three more
+    # launches, kernels/band.py). Not for the distribution or contrastive decoding (the row
+    # pass), nor a scalar top-k in (0, V) (the tuned case compiles without it).
+    bands = no_k and (on(top_p) or top_p < 1.0) and hot and not write_probs and not cd
     wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
     modes = dict(HAS_TOPK=on(top_k) or 0 < top_k < V, HAS_TOPP=on(top_p) or top_p < 1.0,
                  HAS_MINP=on(min_p) or min_p > 0.0)
-    return has_rep, has_pf, pure_ok, second, wide, modes
+    return has_rep, has_pf, pure_ok, second, bands, wide, modes
 
 
 def _contrastive(logits, amateur_logits, cd_alpha, cd_beta, NT):
@@ -220,14 +234,15 @@ def _penalty_args(c):
     return (*c.p["temp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair())
 
 
-def _launch_stats(c, wf, wi, cand):
+def _launch_stats(c, wf, wi, cand, hb, ft):
     """Stage 1 (kernels/stats.py), grid (B, C): the one read of the logits."""
     g, L = c.g, c.logits
     # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
     _stats_kernel[(L.shape[0], g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["seed"].pair(),
-        *c.p["off"].pair(), wf, wi, cand, *c.cdargs, c.wc, KT=g["KT"], NWIN=8, D0_EXP=-2,
+        *c.p["off"].pair(), wf, wi, cand, hb, ft, *c.cdargs, c.wc, KT=g["KT"], NWIN=8,
+        D0_EXP=-2, BANDS=c.bands,
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
         **_regs(STATS_REGS_PF if c.wide else STATS_REGS),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
@@ -244,7 +259,7 @@ def _launch_merge(c, work, out, write_probs, npiv, max_rounds):
         *c.p["pres"].pair(), *c.p["freq"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(),
         *work, *out, *c.cdargs, c.wc,
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes,
-        WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second,
+        WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
         num_warps=warps, R=min(g["TILE"], 32 * warps), **_regs(MERGE_REGS), **c.const)
@@ -264,6 +279,38 @@ def _launch_second(c, rf, tok, logp, sf, write_probs):
     _finish_kernel[(B,)](
         g["NT"], rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
         WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
+
+
+def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
+    """The band read (kernels/band.py): plan (B,), gather (B, C), finish (B,)."""
+    g, L = c.g, c.logits
+    B, NT, dev = L.shape[0], g["NT"], L.device
+    cap = NT * g["KT"]  # the merge's list workspaces, free once it is done, hold the band
+    bi = _workspace((B, NBI.value), torch.int32, dev)
+    boff = _workspace((B, NT), torch.int32, dev)
+    gf = _workspace((B, NG.value, NT), torch.float32, dev)
+    gi = _workspace((B, NT), torch.int32, dev)
+    _band_plan_kernel[(B,)](NT, cap, tok, *c.p["topp"].pair(), bf, bi, hb, ft, boff, wf,
+                            **c.flags("topp"), NT_P2=g["NT_P2"], TB=16, GROW=16, num_warps=4)
+    _band_gather_kernel[(B, g["C"])](
+        L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
+        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
+        gf, gi, *xs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        num_warps=c.num_warps, **_band_const(c))
+    # the row pass's geometry, as the merge's (16 warps modelled slower: 44.2 against 38.0 us)
+    warps = 8 if g["TILE"] >= 1024 else 4
+    _band_finish_kernel[(B,)](
+        L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
+        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, gf,
+        gi, *xs, wf, **c.flags("topp", "minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        NT_P2=g["NT_P2"], CB=1024, NPIV=npiv, MAX_ROUNDS=max_rounds, num_warps=warps,
+        **_regs(MERGE_REGS), **_band_const(c))
+
+
+def _band_const(c):
+    """The constexprs of c.const that the band kernels take (no contrastive ones: BANDS is
+    never on with CD)."""
+    return {k: v for k, v in c.const.items() if k not in ("LA_T", "BETA_T", "CD")}
 
 
 def _launch_probs(c, sf, si):
@@ -302,7 +349,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     (B, V), dev = logits.shape, logits.device
-    has_rep, has_pf, pure_ok, second, wide, modes = _modes(
+    has_rep, has_pf, pure_ok, second, bands, wide, modes = _modes(
         logits, temperature, top_k, top_p, min_p, input_ids, repetition_penalty,
         presence_penalty, frequency_penalty, write_probs, amateur_logits is not None)
     g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
@@ -317,13 +364,17 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  HAS_REP=has_rep, HAS_PF=has_pf, HAS_MASK=allowed_words is not None,
                  HAS_BIAS=logit_bias is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
     # stage 1: small programs, 8 resident per SM at <= 64 registers
-    c = _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, wide,
+    c = _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands, wide,
               4 if num_warps is None else num_warps)
     NT, KT = g["NT"], g["KT"]
     work = (_workspace((B, NF.value, NT), torch.float32, dev),
             _workspace((B, NI.value, NT), torch.int32, dev),
             _workspace((B, NT, KT), torch.int64, dev))
-    _launch_stats(c, *work)
+    # the band read's estimate (stage 1) and per-row plan (merge, band plan), or dummies
+    hb, ft, bf = (_workspace((B, NT, NBIN.value), torch.int16, dev),
+                  _workspace((B, NT), torch.float32, dev),
+                  _workspace((B, NBF.value), torch.float32, dev)) if bands else (logits,) * 3
+    _launch_stats(c, *work, hb, ft)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
         si = _workspace((B, 2), torch.int32, dev)
@@ -336,4 +387,6 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds)
     if second:
         _launch_second(c, rf, tok, logp, sf, write_probs)
+    if bands:
+        _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
     return _launch_probs(c, sf, si) if write_probs else (tok, logp)

@@ -40,7 +40,8 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import _bad_row, _gumbel, _pack_cand, _param, _penalised_tile, _pure_row, _row_key
+from .common import (BAND_S, NBIN, _bad_row, _band_bin, _gumbel, _pack_cand, _param,
+                     _penalised_tile, _pure_row, _row_key)
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
 # F_S2 and I_BID are written for pure-temperature rows only (their block's draw partial)
@@ -85,12 +86,12 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1,
+                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1, hrow, frow,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                  CD: tl.constexpr, LOCAL: tl.constexpr,
-                 R: tl.constexpr, DRAW: tl.constexpr):
+                 R: tl.constexpr, DRAW: tl.constexpr, BANDS: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace; for a
     pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
@@ -131,6 +132,8 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     else:
         nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
                                       NWIN, D0_EXP, R)
+        if BANDS:
+            _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
 
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, z)
@@ -141,6 +144,19 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     tl.store(wirow + I_NNAN * NT + t, nnan)
     tl.store(wirow + I_NCAND * NT + t, nkeep)
     return emax, elo
+
+
+@triton.jit
+def _block_bands(v, vm, hmask, tdiv, hrow, frow, t):
+    """The band read's estimate (kernels/band.py): F_t = floor(vm s), s = BAND_S / T, and the
+    count of the block's finite tokens per bin j = min(F_t - floor(xp s), NBIN - 1) (bin j of
+    block t covers x ~ [(F_t - j) / BAND_S, (F_t - j + 1) / BAND_S)): NBIN int16 + 1 float,
+    260 bytes per block. v is -inf where xp is not finite (the block's exact redo did that)."""
+    s = BAND_S / tdiv
+    F = tl.floor(vm * s)
+    h = tl.histogram(_band_bin(v, F, s), NBIN, mask=hmask)
+    tl.store(hrow + t * NBIN + tl.arange(0, NBIN), h.to(tl.int16))
+    tl.store(frow + t, F)
 
 
 @triton.jit
@@ -213,7 +229,7 @@ def _stats_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-    wf_ptr, wi_ptr, cand_ptr,
+    wf_ptr, wi_ptr, cand_ptr, hb_ptr, ft_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
@@ -222,13 +238,15 @@ def _stats_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
-    R: tl.constexpr,
+    R: tl.constexpr, BANDS: tl.constexpr,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
     a sampling launch without CD), 3 words of draw partial instead of candidates. Pure rows pay
     the Gumbel noise (hash + 2 logs) and x = xp / T on every lane here, which is what lets the
-    merge skip the second pass over the row that v2 needed for them."""
+    merge skip the second pass over the row that v2 needed for them. With BANDS (a launch that
+    can have a top-p row without top-k) every other row's blocks also write the band read's
+    estimate (_block_bands: 128 int16 counts + F_t, 260 bytes per block)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lrow = logits_ptr + row * stride_lb
@@ -263,35 +281,38 @@ def _stats_kernel(
             for t in range(c * TPC, t_end):
                 _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                              t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
+                             hb_ptr, ft_ptr,
                              TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                              False, True, R,
-                             True)
+                             True, False)
         else:
             _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
                        c * TPC,
-                       t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
-                       D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R)
+                       t_end, V, rep, pres, freq, tdiv, c2, la, beta,
+                       hb_ptr + row * NT * NBIN, ft_ptr + row * NT, TILE, E_BLOCK, KT, NWIN,
+                       D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS)
     else:
         _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
-                   t_end, V, rep, pres, freq, tdiv, c2, la, beta, TILE, E_BLOCK, KT, NWIN,
-                   D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R)
+                   t_end, V, rep, pres, freq, tdiv, c2, la, beta,
+                   hb_ptr + row * NT * NBIN, ft_ptr + row * NT, TILE, E_BLOCK, KT, NWIN,
+                   D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS)
 
 
 @triton.jit
 def _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
-               rep, pres, freq, tdiv, c2, la, beta, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-               KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
+               rep, pres, freq, tdiv, c2, la, beta, hrow, frow, TILE: tl.constexpr,
+               E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-               HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr):
+               HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr, BANDS: tl.constexpr):
     """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
     candidates per block."""
     zero = tl.zeros([], tl.uint32)
     for t in range(t0, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 zero, zero, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF,
-                                 HAS_MASK, HAS_BIAS,
-                                 CD, True, R, False)
+                                 zero, zero, hrow, frow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP,
+                                 HAS_PF, HAS_MASK, HAS_BIAS,
+                                 CD, True, R, False, BANDS)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's

@@ -1,0 +1,115 @@
+"""The band read (kernels/band.py) under the interpreter: top-p rows without top-k whose nucleus
+outgrows the candidates take two reads over the grid (stage 1 + the gather) instead of the
+merge's row pass; tokens equal to the torch twin's, logprobs close, the same at any chunk
+count and on a sub-batch; rows whose band fails fall back to the row pass with the same answer.
+
+Small geometry on purpose: 64-token blocks with 8 candidate slots (CAP = NT * 8 band tokens), so
+a flat row's bin (~170 tokens at V = 4096) is a realistic fraction of the capacity."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from test_kernel_v2 import _run, _twin_tokens
+from test_kernel_v3 import KernelReads
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+GEOM = dict(tile=64, cand=8)
+
+
+def _band_rows(V, g):
+    """Flat N(0, 1), power-law and flat N(0, 1) at T 0.6: nuclei of thousands of tokens."""
+    x = torch.randn(3, V, generator=g)
+    rank = torch.randperm(V, generator=g).float() + 1
+    x[1] = -1.1 * torch.log(rank) + 0.1 * torch.randn(V, generator=g)
+    kw = dict(temperature=torch.tensor([1.0, 1.0, 0.6]), top_p=torch.tensor([0.95, 0.95, 0.9]),
+              seed=torch.arange(3) + 7, offset=torch.tensor([0, 1, 2]))
+    return x, kw
+
+
+def _check(x, kw, tok, lp):
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_band_rows_read_twice_and_match_twin(monkeypatch):
+    """Two reads of each band row, both over (B, C) (the merge and the finish read no logits),
+    the twin's tokens, the same at 1 / 5 chunks and on a sub-batch."""
+    g = torch.Generator().manual_seed(61)
+    V = 4099
+    x, kw = _band_rows(V, g)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert reads.bytes["_stats_kernel"] == x.numel() * 4
+    assert reads.bytes["_band_gather_kernel"] == x.numel() * 4  # every row once more
+    assert reads.bytes.get("_merge_kernel", 0) == 0
+    assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no band failed
+    assert reads.grids["_band_gather_kernel"][1] > 1  # C programs per row
+    _check(x, kw, tok, lp)
+    for chunks in (1, 5):
+        tok_c, lp_c = _run(x, chunks=chunks, **GEOM, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    r = torch.tensor([2, 0])
+    sub = {k: v[r] for k, v in kw.items()}
+    tok_s, lp_s = _run(x[r], chunks=3, **GEOM, **sub)
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+def test_band_per_row_mix_bf16(monkeypatch):
+    """Per-row tensors mixing greedy, top-k, top-p, top-p + min-p and min-p rows on bf16 logits:
+    the top-p rows take the band, every token the twin's; many offsets on one band row draw
+    the twin's tokens (the band does sample)."""
+    g = torch.Generator().manual_seed(62)
+    V = 2500
+    x = torch.randn(5, V, generator=g).to(torch.bfloat16)
+    kw = dict(temperature=torch.tensor([0.0, 0.8, 1.0, 1.0, 1.0]),
+              top_k=torch.tensor([0, 40, 0, 0, 0]),
+              top_p=torch.tensor([1.0, 0.9, 0.95, 0.9, 1.0]),
+              min_p=torch.tensor([0.0, 0.0, 0.0, 0.05, 0.1]),
+              seed=torch.arange(5), offset=3)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert reads.bytes["_band_gather_kernel"] == 2 * V * 2  # the two top-p rows
+    _check(x, kw, tok, lp)
+    xs = x[2:3].expand(6, V).contiguous()
+    kws = dict(temperature=1.0, top_p=0.95, seed=4, offset=torch.arange(6))
+    tok, lp = _run(xs, **GEOM, **kws)
+    _check(xs, kws, tok, lp)
+    assert len(set(tok.tolist())) > 3
+
+
+def test_band_failures_take_the_row_pass(monkeypatch):
+    """Row 0: one slot per block, so the boundary bin alone holds more tokens than the band's
+    capacity (the plan fails: no gather read, the row pass in the finish). Row 1: integer ties,
+    each value ~V/4 times (a tie group wider than the capacity). Both the twin's tokens."""
+    g = torch.Generator().manual_seed(63)
+    V = 2048
+    x = torch.randn(2, V, generator=g)
+    x[1] = torch.randint(0, 4, (V,), generator=g).float()
+    kw = dict(temperature=1.0, top_p=0.9, seed=torch.tensor([3, 4]), offset=0)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=1, **kw)
+    assert reads.bytes.get("_band_gather_kernel", 0) == 0
+    assert reads.bytes["_band_finish_kernel"] >= 2 * 2 * V * 4  # a search round + the draw, each
+    _check(x, kw, tok, lp)
+
+
+def test_band_misestimate_fails_validation_and_takes_the_row_pass(monkeypatch):
+    """The estimate takes a bin's mass at a uniform density: 30 tokens at x = -0.88 (the top of
+    bin [-1, -0.875)) weigh 6% more than estimated, 20 at x = -3 (a bin's bottom) 6% less. With
+    p inside that error (W(-0.88) >= p Z, the estimate's head < p Z) the plan puts the boundary
+    in the -3 bin and the band cannot hold both groups (CAP = 32): the gather reads the row, the
+    finish finds W_above >= p Z and runs the row pass. Still the twin's token."""
+    V = 2048
+    x = torch.full((1, V), float("-inf"))
+    x[0, 5] = 0.0
+    x[0, 64:94] = -0.88
+    x[0, 128:148] = -3.0
+    kw = dict(temperature=1.0, top_p=0.929, seed=torch.tensor([9]), offset=0)
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=1, **kw)
+    assert reads.bytes["_band_gather_kernel"] == V * 4  # the plan found a band
+    assert reads.bytes["_band_finish_kernel"] >= 2 * V * 4  # validation failed: the row pass
+    _check(x, kw, tok, lp)
