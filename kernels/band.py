@@ -41,8 +41,8 @@ partials), 8 per band token (written once, read once per search round + once to 
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, SHIFT_MAX, _bad_row, _band_bin, _band_shift, _gumbel,
-                     _param, _penalised_tile, _row_key)
+from .common import (BAND_S, NBIN, SHIFT_MAX, _band_bin, _band_shift, _gumbel, _param,
+                     _penalised_tile, _row_key, _row_scale)
 from .merge import B_FMAX, B_M, B_Z, BAND_ROW, NBF, _cand_search, _row_mz, _row_pass
 from .stats import F_LO, NF
 
@@ -228,14 +228,12 @@ def _band_gather_kernel(
     c = tl.program_id(1)
     if tl.load(tok_ptr + row) == BAND_ROW:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
-            T = _param(temp_ptr, temp_s, row, TEMP_T)
-            rep = _param(rep_ptr, rep_s, row, REP_T)
-            pres = _param(pres_ptr, pres_s, row, PRES_T)
-            freq = _param(freq_ptr, freq_s, row, FREQ_T)
+            T, rep, pres, freq, tdiv = _row_scale(
+                temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+                TEMP_T, REP_T, PRES_T, FREQ_T)
             minp = tl.zeros([], tl.float32)
             if HAS_MINP:
                 minp = _param(minp_ptr, minp_s, row, MINP_T)
-            tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
             M = tl.load(bf_ptr + row * NBF + B_M)
             fmax = tl.load(bf_ptr + row * NBF + B_FMAX)
             ja = tl.load(bi_ptr + row * NBI + I_JA)
@@ -351,15 +349,13 @@ def _band_finish_kernel(
     failed, when it runs merge.py's _row_pass (a pass per search round + the draw pass)."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(tok_ptr + row) == BAND_ROW:
-        T = _param(temp_ptr, temp_s, row, TEMP_T)
-        rep = _param(rep_ptr, rep_s, row, REP_T)
-        pres = _param(pres_ptr, pres_s, row, PRES_T)
-        freq = _param(freq_ptr, freq_s, row, FREQ_T)
+        T, rep, pres, freq, tdiv = _row_scale(
+            temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+            TEMP_T, REP_T, PRES_T, FREQ_T)
         p = _param(topp_ptr, topp_s, row, TOPP_T)
         minp = tl.zeros([], tl.float32)
         if HAS_MINP:
             minp = _param(minp_ptr, minp_s, row, MINP_T)
-        tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
         M = tl.load(bf_ptr + row * NBF + B_M)
         Z = tl.load(bf_ptr + row * NBF + B_Z)
         k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)

@@ -252,6 +252,19 @@ def _band_shift(fmax, F):
 
 
 @triton.jit
+def _row_scale(temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+               TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr,
+               FREQ_T: tl.constexpr):
+    """(T, rep, pres, freq, tdiv): a row's temperature and penalties, and the divisor of its
+    penalised logits, x = xp / tdiv (T; 1 for a greedy or invalid row, whose x is xp)."""
+    T = _param(temp_ptr, temp_s, row, TEMP_T)
+    rep = _param(rep_ptr, rep_s, row, REP_T)
+    pres = _param(pres_ptr, pres_s, row, PRES_T)
+    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    return T, rep, pres, freq, tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
+
+
+@triton.jit
 def _tempered(xp, tdiv, ovf_row, xpmax):
     """x = xp / T; an overflowed row keeps its xp argmax tie group (x = 0, rest -inf)."""
     x = xp / tdiv

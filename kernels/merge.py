@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _pure_row, _row_key, _tempered)
+                     _pure_row, _row_key, _row_scale, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
@@ -625,14 +625,12 @@ def _write_probs_kernel(
     la = _param(la_ptr, la_s, row, LA_T)
     beta = _param(beta_ptr, beta_s, row, BETA_T)
     Me = tl.load(sf_ptr + row * NS + S_ME)
-    T = _param(temp_ptr, temp_s, row, TEMP_T)
-    rep = _param(rep_ptr, rep_s, row, REP_T)
-    pres = _param(pres_ptr, pres_s, row, PRES_T)
-    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    T, rep, pres, freq, tdiv = _row_scale(
+        temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+        TEMP_T, REP_T, PRES_T, FREQ_T)
     minp = _param(minp_ptr, minp_s, row, MINP_T)
     if not HAS_MINP:
         minp = minp * 0.0
-    tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
     inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)

@@ -25,7 +25,7 @@ Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches a
 import triton
 import triton.language as tl
 
-from .common import _bad_row, _gumbel, _param, _penalised_tile, _row_key
+from .common import _gumbel, _param, _penalised_tile, _row_key, _row_scale
 
 # row plan the merge writes for every row (float32 [B, 4]; the hand-over itself is flagged in
 # the merge's outputs: token -2, or Z_f -1 for the distribution); block partials the gather
@@ -95,16 +95,14 @@ def _gather_kernel(
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
-        T = _param(temp_ptr, temp_s, row, TEMP_T)
-        rep = _param(rep_ptr, rep_s, row, REP_T)
-        pres = _param(pres_ptr, pres_s, row, PRES_T)
-        freq = _param(freq_ptr, freq_s, row, FREQ_T)
+        T, rep, pres, freq, tdiv = _row_scale(
+            temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+            TEMP_T, REP_T, PRES_T, FREQ_T)
         minp = tl.zeros([], tl.float32)
         if HAS_MINP:
             minp = _param(minp_ptr, minp_s, row, MINP_T)
         la = _param(la_ptr, la_s, row, LA_T)
         beta = _param(beta_ptr, beta_s, row, BETA_T)
-        tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
         M = tl.load(rf_ptr + row * NR + R_M)
         me = tl.load(rf_ptr + row * NR + R_ME)
         HI = tl.load(rf_ptr + row * NR + R_HI)

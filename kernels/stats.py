@@ -40,8 +40,8 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _bad_row, _band_bin, _gumbel, _pack_cand, _param,
-                     _penalised_tile, _pure_row, _row_key)
+from .common import (BAND_S, NBIN, _band_bin, _gumbel, _pack_cand, _param, _penalised_tile,
+                     _pure_row, _row_key, _row_scale)
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
 # F_S2 and I_BID are written for pure-temperature rows only (their block's draw partial)
@@ -257,13 +257,11 @@ def _stats_kernel(
     wfrow = wf_ptr + row * NF * NT
     wirow = wi_ptr + row * NI * NT
 
-    T = _param(temp_ptr, temp_s, row, TEMP_T)
-    rep = _param(rep_ptr, rep_s, row, REP_T)
-    pres = _param(pres_ptr, pres_s, row, PRES_T)
-    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    T, rep, pres, freq, tdiv = _row_scale(
+        temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
+        TEMP_T, REP_T, PRES_T, FREQ_T)
     la = _param(la_ptr, la_s, row, LA_T)
     beta = _param(beta_ptr, beta_s, row, BETA_T)
-    tdiv = tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
     c2 = LOG2E / tdiv
     pure = tl.zeros([], tl.int1)
     if PURE_OK:
