@@ -58,26 +58,28 @@ def _batch(seed, lengths=(6, 3, 5)):
     return ids, mask
 
 
-def _same(a, b, path="out"):
+def assert_same(a, b, path="out"):
+    """Outputs equal field by field (tensors within float tolerance); `path` names the field."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.shape == b.shape, (path, a.shape, b.shape)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=path)
     elif isinstance(a, (tuple, list)):
         assert isinstance(b, (tuple, list)) and len(a) == len(b), (path, len(a), len(b))
         for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
+            assert_same(x, y, f"{path}[{i}]")
     else:
         assert a == b, (path, a, b)
 
 
-def _same_cache(a, b):
+def assert_same_cache(a, b):
+    """Two EncoderDecoderCaches hold the same keys and values, layer by layer."""
     assert type(a) is type(b), (type(a), type(b))
     for part in ("self_attention_cache", "cross_attention_cache"):
         la, lb = getattr(a, part).layers, getattr(b, part).layers
         assert len(la) == len(lb), part
         for i, (x, y) in enumerate(zip(la, lb)):
-            _same(x.keys, y.keys, f"{part}[{i}].keys")
-            _same(x.values, y.values, f"{part}[{i}].values")
+            assert_same(x.keys, y.keys, f"{part}[{i}].keys")
+            assert_same(x.values, y.values, f"{part}[{i}].values")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -205,10 +207,10 @@ def test_return_dict_outputs_field_by_field(arch, attn):
         a, b = getattr(out, field), getattr(ref, field)
         assert (a is None) == (b is None), field
         if b is not None:
-            _same(a, b, field)
+            assert_same(a, b, field)
     if attn:
         assert len(ref.decoder_attentions) == 6 and ref.cross_attentions[0][0].shape[-1] == 6
-    _same_cache(out.cache, ref.cache)
+    assert_same_cache(out.cache, ref.cache)
 
 
 def test_return_dict_with_eos_trims_like_transformers():
@@ -219,9 +221,9 @@ def test_return_dict_with_eos_trims_like_transformers():
     kw.update(eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True,
               output_scores=True)
     ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
-    _same(out.sequences, ref.sequences)
-    _same(out.scores, ref.scores)
-    _same_cache(out.cache, ref.cache)
+    assert_same(out.sequences, ref.sequences)
+    assert_same(out.scores, ref.scores)
+    assert_same_cache(out.cache, ref.cache)
 
 
 def test_num_return_sequences_and_seed():
@@ -273,6 +275,31 @@ def test_patched_generate_runs_without_fallback_and_refusals_fall_back():
         assert torch.equal(model.generate(ids, **refused), refs[2])
     with pytest.raises(Unsupported):
         generate(model, ids, **refused)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_beams=2, repetition_penalty=1.5)],
+                         ids=["greedy", "beams"])
+def test_input_features_encoder_matches_transformers(kw):
+    """An encoder whose main input is not input_ids (Speech2Text's input_features, with the
+    frames' attention mask): the encoder runs through transformers' helper, the loop as ever."""
+    from transformers import Speech2TextConfig, Speech2TextForConditionalGeneration
+
+    cfg = Speech2TextConfig(
+        vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        input_feat_per_channel=8, conv_channels=16, max_source_positions=64,
+        max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2, dropout=0.0)
+    model = seeded_random_model(lambda: Speech2TextForConditionalGeneration(cfg), 18, std=0.2)
+    model.generation_config = GenerationConfig(pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                               decoder_start_token_id=2)
+    feats = torch.randn(2, 40, 8, generator=torch.Generator().manual_seed(18))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    kw = dict(kw, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    ref = model.generate(feats, **kw)
+    assert torch.equal(generate(model, feats, **kw), ref)
+    assert torch.equal(generate(model, input_features=feats, **kw), ref)
 
 
 def test_refusals_come_before_the_encoder_runs():
@@ -330,7 +357,7 @@ def test_beam_search_return_dict_field_by_field(arch):
         a, b = getattr(out, field), getattr(ref, field)
         assert (a is None) == (b is None), field
         if b is not None:
-            _same(a, b, field)
+            assert_same(a, b, field)
 
 
 def test_beam_sampling_is_reproducible_with_a_seed():

@@ -5,10 +5,22 @@ one warning per model and feature (``patch(model, fallback=False)`` raises inste
 gpu_sampler's refusals (``Unsupported``) are raised while the call's arguments are resolved,
 before the model runs, a cache is written or random numbers are drawn, so handing the same
 arguments to transformers is the call the user would have made without the patch.
+
+A model whose own ``generate`` prepares the call and delegates each decoding loop to
+``super().generate`` (Whisper: :func:`gpu_sampler.hf.whisper.delegates`) keeps its generate:
+the instance's class becomes a subclass of its own whose MRO puts :class:`_Delegated` right
+before ``GenerationMixin``, so that ``super().generate`` inside the model's generate reaches
+gpu_sampler's loop (same refusal and fallback rules, applied to that inner call). Only this
+instance changes class; nothing global is patched, so other instances and threads are not
+affected.
 """
+import threading
 import types
 import warnings
 
+from transformers.generation.utils import GenerationMixin
+
+from . import seq2seq, whisper
 from .common import Unsupported
 from .generation import EXTRA_ARGS, generate
 
@@ -24,9 +36,15 @@ def _original(model):
 
 
 def _patched_generate(model, *args, **kwargs):
+    return _run(model, generate, _original(model), args, kwargs)
+
+
+def _run(model, ours, theirs, args, kwargs):
+    """``ours(model, *args, **kwargs)``, or ``theirs(*args, **kwargs)`` (transformers) with one
+    warning per model and feature where gpu_sampler refuses the call and may hand it over."""
     state = model.__dict__[_STATE]
     try:
-        return generate(model, *args, **kwargs)
+        return ours(model, *args, **kwargs)
     except Unsupported as exc:
         extras = sorted(name for name in EXTRA_ARGS if kwargs.get(name) is not None)
         if not state["fallback"] or extras:
@@ -37,8 +55,34 @@ def _patched_generate(model, *args, **kwargs):
             state["warned"].add(exc.feature)
             warnings.warn(f"gpu_sampler: {exc} - this call (and later ones with {exc.feature}) "
                           f"runs transformers' generate for {type(model).__name__}",
-                          UserWarning, stacklevel=2)
-        return _original(model)(*args, **kwargs)
+                          UserWarning, stacklevel=3)
+        return theirs(*args, **kwargs)
+
+
+class _Delegated(GenerationMixin):
+    """Sits right before GenerationMixin in a patched delegating model's MRO: the model's own
+    ``generate`` (Whisper's) calls ``super().generate(...)``, which lands here."""
+
+    def generate(self, *args, **kwargs):
+        theirs = types.MethodType(GenerationMixin.generate, self)
+        return _run(self, seq2seq.generate_delegated, theirs, args, kwargs)
+
+
+_SUBCLASSES = {}
+_SUBCLASSES_LOCK = threading.Lock()
+
+
+def _delegating_class(cls):
+    """``cls`` with _Delegated before GenerationMixin in its MRO (one per class, reused)."""
+    with _SUBCLASSES_LOCK:
+        sub = _SUBCLASSES.get(cls)
+        if sub is None:
+            # Same names as cls: repr(), save_pretrained's "architectures" and warnings read
+            # the model's class name.
+            sub = type(cls.__name__, (cls, _Delegated),
+                       {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+            _SUBCLASSES[cls] = sub
+        return sub
 
 
 def patch(model, fallback=True):
@@ -50,7 +94,9 @@ def patch(model, fallback=True):
             transformers' generate, with one UserWarning per model and feature; False: they
             raise NotImplementedError as :func:`gpu_sampler.generate` does.
 
-    Returns the model. Patching again only updates ``fallback``.
+    Returns the model. Patching again only updates ``fallback``. Whisper keeps its own
+    ``generate``; the decoding loops it delegates to ``super().generate`` run gpu_sampler's
+    encoder-decoder loop (this instance gets a subclass of its class; ``unpatch`` restores it).
 
     Example:
         >>> from gpu_sampler import patch, unpatch
@@ -58,17 +104,24 @@ def patch(model, fallback=True):
         >>> unpatch(model)          # back to transformers' generate            # doctest: +SKIP
     """
     current = model.__dict__.get("generate")
-    if getattr(current, "__func__", None) is _patched_generate:
+    if getattr(current, "__func__", None) is _patched_generate or isinstance(model, _Delegated):
         model.__dict__[_STATE]["fallback"] = bool(fallback)
         return model
-    model.__dict__[_SAVED] = current
     model.__dict__[_STATE] = {"fallback": bool(fallback), "warned": set()}
+    if whisper.delegates(model):
+        model.__class__ = _delegating_class(type(model))
+        return model
+    model.__dict__[_SAVED] = current
     model.__dict__["generate"] = types.MethodType(_patched_generate, model)
     return model
 
 
 def unpatch(model):
     """Undo :func:`patch`: ``model.generate`` is what it was before. Returns the model."""
+    if isinstance(model, _Delegated):
+        model.__class__ = type(model).__bases__[0]
+        model.__dict__.pop(_STATE, None)
+        return model
     current = model.__dict__.get("generate")
     if getattr(current, "__func__", None) is not _patched_generate:
         return model

@@ -1,7 +1,8 @@
-"""``generate`` for encoder-decoder models (T5, BART, Marian, ...): greedy and sampling.
+"""``generate`` for encoder-decoder models (T5, BART, Marian, Whisper, ...): greedy and sampling.
 
 Mirrors transformers 5.x ``generate`` / ``_sample`` for ``config.is_encoder_decoder`` with its
-own helpers: config priority, the encoder input (``input_ids`` or ``inputs_embeds``), special
+own helpers: config priority, the encoder input (``input_ids``, ``inputs_embeds`` or the
+model's main input, e.g. Whisper's ``input_features``), special
 tokens (``decoder_start_token_id``), ``decoder_input_ids`` / ``decoder_attention_mask`` as the
 user gives them (the start token prepended where missing), expansion for
 ``num_return_sequences``, lengths, processors and stopping criteria. The encoder runs once;
@@ -13,10 +14,14 @@ top-p, min-p and the draw happen in one ``sample()`` call per step.
 
 Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
 its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
-cache, models that override ``generate`` or its input preparation (Whisper, ...), encoder inputs
-other than ``input_ids`` / ``inputs_embeds``, ``compile`` and contrastive decoding; with beams
-also presence / frequency penalties, a streamer, ``use_cache=False`` and cache
-implementations.
+cache, models that override ``generate`` or its input preparation (the overrides the loop
+reproduces excepted: :mod:`gpu_sampler.hf.whisper`), other encoder inputs, ``compile`` and
+contrastive decoding; with beams also presence / frequency penalties, a streamer,
+``use_cache=False`` and cache implementations.
+
+Whisper overrides ``generate``: :func:`generate` refuses it, and ``patch(model)`` runs
+Whisper's own generate, whose inner ``super().generate`` call comes to
+:func:`generate_delegated` (the override already ran; every other hook is still checked).
 """
 import copy
 import dataclasses
@@ -37,6 +42,7 @@ from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
 from .common import Unsupported, is_in, prompt_history_mask
 from .processors import finite_number, plan_processors, refuse_config
+from .whisper import decoder_positions, positions_follow_mask, reproduces_hook
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,6 +92,7 @@ class _Run:
     want_logits: bool = False
     want_attn: bool = False
     want_hidden: bool = False
+    mask_positions: bool = False              # decoder positions from dec_mask (Whisper)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -114,19 +121,30 @@ class _Recorded:
     hidden: list = dataclasses.field(default_factory=list)
     last_scores: Any = None
 
-__all__ = ["generate", "supports"]
+__all__ = ["generate", "generate_delegated", "supports"]
 
-# Model arguments the loop forwards (or consumes) besides generation arguments.
+# Model arguments the loop forwards (or consumes) besides generation arguments and the
+# encoder's input (_encoder_inputs).
 _MODEL_INPUTS = ("attention_mask", "decoder_attention_mask", "decoder_input_ids",
-                 "encoder_outputs", "inputs_embeds", "input_ids", "output_attentions",
-                 "output_hidden_states", "use_cache", "logits_to_keep")
+                 "encoder_outputs", "output_attentions", "output_hidden_states", "use_cache",
+                 "logits_to_keep")
 # generate() arguments of gpu_sampler that this loop does not implement.
 _REFUSED_EXTRAS = ("compile", "amateur_model", "cd_alpha", "cd_beta", "assistant_tokenizer")
 # transformers methods a model may override to change what generate feeds it.
 _HOOKS = ("generate", "prepare_inputs_for_generation", "_update_model_kwargs_for_generation",
           "_prepare_decoder_input_ids_for_generation", "_sample")
+# The same, for the call a model's own generate makes through super().generate: it ran.
+_DELEGATED_HOOKS = tuple(h for h in _HOOKS if h != "generate")
 _CHECK_EVERY = 8
 _INITIAL_NEW_POSITIONS = 256
+
+
+def _encoder_inputs(model):
+    """The encoder inputs the loop takes. The encoder runs once, through transformers' own
+    helper, so the kind of input (Whisper's input_features, ...) does not reach the loop; what
+    else transformers reads it for (encoder_repetition_penalty, ...) is refused with the
+    processors."""
+    return ("input_ids", "inputs_embeds", model.main_input_name)
 
 
 def supports(model):
@@ -152,6 +170,29 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     encoder / decoder / cross attentions, hidden states and the ``EncoderDecoderCache`` as
     transformers returns them).
     """
+    _refuse_model(model, _HOOKS)
+    return _generate(model, inputs, generation_config, logits_processor, stopping_criteria,
+                     prefix_allowed_tokens_fn, synced_gpus, assistant_model, streamer,
+                     negative_prompt_ids, negative_prompt_attention_mask, custom_generate,
+                     **kwargs)
+
+
+@torch.no_grad()
+def generate_delegated(model, *args, **kwargs):
+    """:func:`generate` for the call a model's own ``generate`` makes through
+    ``super().generate(...)`` (Whisper's, under ``patch(model)``): same arguments and result.
+
+    The model's override of ``generate`` already prepared this call, so it is not refused; its
+    other overrides of transformers' generation hooks are, unless the loop reproduces them.
+    """
+    _refuse_model(model, _DELEGATED_HOOKS)
+    return _generate(model, *args, **kwargs)
+
+
+def _generate(model, inputs=None, generation_config=None, logits_processor=None,
+              stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None,
+              assistant_model=None, streamer=None, negative_prompt_ids=None,
+              negative_prompt_attention_mask=None, custom_generate=None, **kwargs):
     for name, value in (("prefix_allowed_tokens_fn", prefix_allowed_tokens_fn),
                         ("assistant_model", assistant_model),
                         ("negative_prompt_ids", negative_prompt_ids),
@@ -161,7 +202,6 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
             raise Unsupported(f"`{name}`")
     if synced_gpus:
         raise Unsupported("`synced_gpus=True`")
-    _refuse_model(model)
     extras = _pop_extras(kwargs)
     run = _resolve_config(model, generation_config, kwargs)
     beams = (run.gc.num_beams or 1) > 1
@@ -179,10 +219,11 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     return _decode(model, run, st, streamer)
 
 
-def _refuse_model(model):
-    for hook in _HOOKS:
+def _refuse_model(model, hooks):
+    for hook in hooks:
         mine = getattr(type(model), hook, None)
-        if mine is not None and mine is not getattr(GenerationMixin, hook, None):
+        if mine is not None and mine is not getattr(GenerationMixin, hook, None) \
+                and not reproduces_hook(model, hook):
             raise Unsupported(f"{type(model).__name__} (it overrides {hook})",
                               f"gpu_sampler.generate does not support {type(model).__name__}: "
                               f"it overrides transformers' {hook}")
@@ -209,7 +250,8 @@ def _resolve_config(model, generation_config, kwargs):
                           f"encoder-decoder models")
     if compat.pop_cache(dict(mk)) is not None:
         raise Unsupported("a passed past_key_values on encoder-decoder models")
-    other = sorted(k for k, v in mk.items() if k not in _MODEL_INPUTS and v is not None)
+    other = sorted(k for k, v in mk.items() if v is not None
+                   and k not in _MODEL_INPUTS + _encoder_inputs(model))
     if other:
         raise Unsupported(f"the model arguments {other}")
     return _Run(gc=gc, mk=mk, has_default_max=has_default_max, has_default_min=has_default_min)
@@ -233,7 +275,7 @@ def _prepare_decoder_inputs(model, run, inputs):
     gc, mk = run.gc, run.mk
     has_mask = mk.get("attention_mask") is not None
     inputs_tensor, input_name, mk = model._prepare_model_inputs(inputs, gc.bos_token_id, mk)
-    if input_name not in ("input_ids", "inputs_embeds"):
+    if input_name not in _encoder_inputs(model):
         raise Unsupported(f"`{input_name}` (encoder input) on encoder-decoder models")
     device, B0 = inputs_tensor.device, inputs_tensor.shape[0]
     model._prepare_special_tokens(gc, has_mask, device=device, batch_size=B0)
@@ -260,6 +302,7 @@ def _prepare_decoder_inputs(model, run, inputs):
     run.input_ids, run.dec_mask = dec_ids, dec_kw.get("decoder_attention_mask")
     run.device, run.B0, run.B, run.L0 = device, B0, dec_ids.shape[0], L0
     run.max_new = gc.max_length - L0
+    run.mask_positions = run.dec_mask is not None and positions_follow_mask(model)
     # Self-attention positions the cache holds at the end (the last token is never fed).
     run.kv_total = max(L0 + run.max_new - 1, L0)
 
@@ -422,6 +465,8 @@ def _step(run, st, ids, length):
     kw["decoder_input_ids"] = ids
     if st.mask is not None:
         kw["decoder_attention_mask"] = st.mask[:, :max(length, st.static_len)]
+    if run.mask_positions:
+        kw["decoder_position_ids"] = decoder_positions(st.mask[:, :length], ids.shape[1])
     o = st.forward(**kw)
     logits = o.logits[:, -1, :].to(torch.float32, copy=True)
     return (logits, o.decoder_attentions if run.want_attn else None,
@@ -542,6 +587,10 @@ def _beam_search(model, run, extras):
             kw = dict(fixed, decoder_input_ids=ids)
             if run.dec_mask is not None:
                 kw["decoder_attention_mask"] = mask
+            if run.mask_positions:
+                # The loop's positions count the mask's attended tokens (transformers'
+                # _prepare_position_ids_for_generation): Whisper's decoder_positions rule.
+                kw["decoder_position_ids"] = pos
             return model(**kw)
         return cache, forward
 
