@@ -128,8 +128,8 @@ def pop_extras(model, kwargs):
 def resolve_config(model, generation_config, kwargs):
     """transformers' config priority: kwargs > generation_config > the model's defaults."""
     if getattr(model.config, "is_encoder_decoder", False):
-        # (the ones hf/seq2seq.py runs never get here: Whisper and other models with their own
-        # generate do)
+        # (generate() sends every encoder-decoder model to hf/seq2seq.py: a guard for other
+        # callers of this helper)
         raise Unsupported(f"{type(model).__name__} (an encoder-decoder model with its own "
                           f"generate)")
     if not model._supports_default_dynamic_cache():

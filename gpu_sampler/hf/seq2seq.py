@@ -42,7 +42,7 @@ from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
 from .common import Unsupported, is_in, prompt_history_mask
 from .processors import finite_number, plan_processors, refuse_config
-from .whisper import decoder_positions, positions_follow_mask, reproduces_hook
+from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
 
 @dataclasses.dataclass(eq=False)
@@ -224,9 +224,11 @@ def _refuse_model(model, hooks):
         mine = getattr(type(model), hook, None)
         if mine is not None and mine is not getattr(GenerationMixin, hook, None) \
                 and not reproduces_hook(model, hook):
+            hint = "; gpu_sampler.patch(model) runs it around gpu_sampler's loop" if (
+                hook == "generate" and delegates(model)) else ""
             raise Unsupported(f"{type(model).__name__} (it overrides {hook})",
                               f"gpu_sampler.generate does not support {type(model).__name__}: "
-                              f"it overrides transformers' {hook}")
+                              f"it overrides transformers' {hook}{hint}")
 
 
 def _pop_extras(kwargs):
