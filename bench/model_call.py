@@ -15,12 +15,13 @@ measured programs are the real ones (docs/notes.md, kernels/README.md):
 N(0, 3^2) rows by rows of that kind (same shape and dtype), and ``mixed=true`` gives the rows
 the per-row parameters of workloads.py's mixed serving batch (greedy, T 1.0, T 1.0 p 0.95,
 T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind of row is traced);
-``edits=true`` adds a request's token mask and 20 logit-bias entries a row:
+``edits=true`` adds a request's token mask and 20 logit-bias entries a row; ``top_n`` (and
+``top_n_raw``) asks for top-N logprobs:
 
     python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
         --rows 5 --case '64,128256,0,{"plan_batch": 64, "mixed": true, "seed": 1}'
 """
-from gpu_sampler.kernels.sampling import fused_sample, plan
+from gpu_sampler.kernels.sampling import STATS_SLOTS, STATS_SLOTS_TOPN, fused_sample, plan
 
 
 def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False,
@@ -38,5 +39,6 @@ def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=Fa
     if mixed:
         from bench.rows import mixed_kwargs
         kw = dict(kw, **{k: v.to(logits.device) for k, v in mixed_kwargs(B).items()})
-    chunks = plan(plan_batch or B, V)["C"]
+    # as the launcher plans a top-N call (stage 1 at 4 programs per SM)
+    chunks = plan(plan_batch or B, V, slots=STATS_SLOTS_TOPN if kw.get("top_n") else STATS_SLOTS)["C"]
     return fused_sample(logits, input_ids=input_ids, chunks=chunks, **kw)

@@ -101,7 +101,7 @@ def load_kernels(path):
     return importlib.import_module(name)
 
 
-def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False):
+def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False, top_n=0):
     """Counter for one call on `rows` rows with the geometry of B rows."""
     ks = mod.sampling
     gen = torch.Generator().manual_seed(seed)
@@ -116,8 +116,11 @@ def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False):
     if ids is not None:
         c.tag(ids, "history")
     extra = request_edits(rows, V, gen) if with_edits else {}
+    if top_n:
+        extra["top_n"] = top_n
     if hasattr(ks, "plan"):
-        extra["chunks"] = ks.plan(B, V)["C"]
+        slots = getattr(ks, "STATS_SLOTS_TOPN", None) if top_n else None
+        extra["chunks"] = (ks.plan(B, V, slots=slots) if slots else ks.plan(B, V))["C"]
     saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace", "edit_table")
              if hasattr(ks, n)}
 
@@ -157,6 +160,7 @@ def main(argv=None):
     ap.add_argument("--cd", action="store_true", help="contrastive decoding: amateur logits too")
     ap.add_argument("--edits", action="store_true",
                     help="a request's token mask and 20 logit-bias entries per row")
+    ap.add_argument("--top-n", type=int, default=0, help="top-N raw logprobs in the same call")
     a = ap.parse_args(argv)
     mod = load_kernels(a.kernels)
     cases = CASES if a.cases is None else [tuple(map(int, s.split(","))) for s in a.cases.split(";")]
@@ -172,7 +176,7 @@ def main(argv=None):
         for name, kw, L in (("rp1.2 T0.7 k50 p0.9", FULL, 128), ("rp1.2 T0.7 k50 p0.9", FULL, 4096),
                             ("T0.7 p0.9", TOP_P, 0)):
             rows = min(B, a.rows)
-            c = measure(mod, B, V, L, kw, rows, cd=a.cd, with_edits=a.edits)
+            c = measure(mod, B, V, L, kw, rows, cd=a.cd, with_edits=a.edits, top_n=a.top_n)
             (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
              ti.GridExecutor.__call__) = base
             passes = c.total("logits", "load") / (rows * V * 4)

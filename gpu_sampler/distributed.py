@@ -874,9 +874,10 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         generator: without ``seed``, rank 0 of the group draws one seed per row from its
             generator (or its default generator) and every rank uses those; the other ranks'
             generators advance by the same draw, so identically seeded generators stay in step.
-        top_logprobs, logprobs_mode: as ``gpu_sampler.sample``; ids global. "raw" adds one
-            small gather (each rank's max and sum, then its top N), "processed" runs the
-            distribution pipeline once more.
+        top_logprobs, logprobs_mode: as ``gpu_sampler.sample``; ids global. "raw" adds two
+            small gathers (each rank's max, sum and non-finite flag, then its top N),
+            "processed" runs the distribution pipeline once more (its logprobs are the log of
+            that distribution: a kept token whose probability underflows reads -inf / -1).
         Everything else: as ``gpu_sampler.sample``. The torch twin's rules run on the merged
         candidates whatever ``backend`` says (it is validated and otherwise unused).
 
@@ -905,16 +906,35 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         _raise_invalid(extra[1], extra[2], "sample")
     if n_top is None:
         return (tok, logp) if return_logprobs else tok
+    top = _top_logprobs(local_logits, vocab_start, vocab_size, group, n_top, logprobs_mode,
+                        dict(values, input_ids=input_ids, prompt_lens=prompt_lens,
+                             backend=backend, allowed_mask=allowed_mask, logit_bias=logit_bias))
+    return SampleOutput(tok, logp, *top)
+
+
+def _top_logprobs(local_logits, vocab_start, vocab_size, group, n, mode, dist_kw):
+    """(ids, logprobs) [B, n] of sample()'s top-N over the global vocabulary (its rules)."""
     group = group if group is not None else dist.group.WORLD
     comm = _Comm(group, _comm_device(group, local_logits))
-    if logprobs_mode == "raw":
+    if mode == "raw":
         scores = _raw_logprobs(local_logits, vocab_start, vocab_size, comm)
     else:
         scores = torch.log(sampling_distribution(
             local_logits, vocab_start=vocab_start, vocab_size=vocab_size, group=group,
-            input_ids=input_ids, prompt_lens=prompt_lens, check=False, backend=backend,
-            allowed_mask=allowed_mask, logit_bias=logit_bias, **values))
-    return SampleOutput(tok, logp, *_merged_top_n(scores, vocab_start, vocab_size, n_top, comm))
+            check=False, **dist_kw))
+    ids, vals = _merged_top_n(scores, vocab_start, vocab_size, n, comm)
+    ids = ids.masked_fill(vals == float("-inf"), -1)  # nothing past the kept / finite tokens
+    if mode == "raw":  # a row with a NaN or +inf logit is (-1, NaN)
+        bad = _gather(_nonfinite_rows(local_logits, vocab_start, vocab_size), comm).amax(0)
+        return (ids.masked_fill(bad[:, None] > 0, -1),
+                vals.masked_fill(bad[:, None] > 0, float("nan")))
+    return ids, vals
+
+
+def _nonfinite_rows(local_logits, vocab_start, vocab_size):
+    """float32 [B]: 1 where this shard's real columns hold a NaN or +inf logit."""
+    x = local_logits[:, :max(min(local_logits.shape[1], vocab_size - vocab_start), 0)]
+    return (x.isnan() | (x == float("inf"))).any(1).to(_F32)
 
 
 @torch.no_grad()

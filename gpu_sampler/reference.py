@@ -369,6 +369,53 @@ def twin_processed(logits, p, input_ids=None, prompt_lens=None):
     return torch.where(st.sampling[:, None], out, st.x)
 
 
+@torch.no_grad()
+def twin_top_n_raw(logits, n):
+    """Top-N of the raw logits (kernels/topn.py's rule): (ids int64 [B, n], logprobs float32
+    [B, n]) ordered by the logit (fp32) descending, lowest id first among equal logits;
+    logprob = l - logsumexp(l); places past the finite logits are (-1, -inf); every place of a
+    row holding a NaN or +inf logit is (-1, NaN)."""
+    x = logits.to(torch.float32)
+    ids, vals = rng.top_n(x, n)
+    fin = torch.isfinite(x)
+    M = torch.where(fin, x, float("-inf")).amax(1, keepdim=True)
+    M = torch.where(M > float("-inf"), M, 0.0)
+    Z = torch.where(fin, torch.exp(x - M), 0.0).sum(1, keepdim=True)
+    gone = vals == float("-inf")
+    lp = torch.where(gone, float("-inf"), (vals - M) - torch.log(Z))
+    bad = (x.isnan() | (x == float("inf"))).any(1, keepdim=True)
+    return torch.where(bad | gone, -1, ids), torch.where(bad, float("nan"), lp)
+
+
+@torch.no_grad()
+def twin_top_n_processed(logits, p, n, input_ids=None, prompt_lens=None):
+    """Top-N of the distribution ``twin_sample`` draws from (kernels/topn.py's rule): the kept
+    tokens ordered by the penalised logit xp descending, lowest id first among equal xp, with
+    logprob (x - M) - log Z_f (the drawn token's own arithmetic); a greedy row's argmax first
+    with 0.0; the other places, and every place of an invalid row, (-1, -inf)."""
+    B = logits.shape[0]
+    st = _filter(logits, p, input_ids, prompt_lens)
+    ids = torch.full((B, n), -1, dtype=torch.int64, device=logits.device)
+    lp = torch.full((B, n), float("-inf"), device=logits.device)
+    if bool(st.sampling.any()):
+        xp = torch.where(st.keep, st.x.gather(1, st.idx), float("-inf"))
+        # the candidates' columns in the output order: xp descending, then id ascending
+        _, pos = st.idx.sort(dim=1)
+        perm = pos.gather(1, torch.sort(xp.gather(1, pos), dim=1, descending=True,
+                                        stable=True).indices)
+        k = min(n, perm.shape[1])
+        perm = perm[:, :k]
+        kept = xp.gather(1, perm) > float("-inf")
+        kl = (st.vals.gather(1, perm) - st.M[:, None]) - torch.log(st.e.sum(1, keepdim=True))
+        ids[:, :k] = torch.where(kept, st.idx.gather(1, perm), -1)
+        lp[:, :k] = torch.where(kept, kl, float("-inf"))
+    if st.greedy_tok is not None and n:
+        g = st.greedy & st.valid
+        ids[:, 0] = torch.where(g, st.greedy_tok, ids[:, 0])
+        lp[:, 0] = torch.where(g, 0.0, lp[:, 0])
+    return ids, lp
+
+
 def sample_reference(logits, *, input_ids=None, prompt_lens=None, seed=0, offset=0, **values):
     """``twin_sample`` with the seven parameters as keywords (already normalised values)."""
     return twin_sample(logits, SamplingParams(**values), input_ids, prompt_lens, seed, offset)

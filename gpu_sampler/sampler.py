@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import contrastive, edits, params, reference, rng
+from . import contrastive, edits, params, reference
 from .params import triton_available
 
 __all__ = ["sample", "sampling_distribution", "triton_available", "SampleOutput"]
@@ -69,18 +69,66 @@ def _shown(rows, fused):
     return rows if fused is None else edits.apply_edits(rows, fused)
 
 
-def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused=None):
-    """(tokens, logprobs) from the kernel or the twin; invalid rows give -1 / -inf."""
-    if rows.shape[0] == 0:
-        return (torch.empty(0, dtype=torch.int64, device=rows.device),
-                torch.empty(0, dtype=torch.float32, device=rows.device))
-    if params.pick_backend(backend, rows) == "triton":
-        from . import kernels
-        return kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens,
-                                    seed=seed, offset=offset, **_cd_kwargs(cd),
-                                    **_fused_kwargs(fused), **p.as_kwargs())
-    return reference.twin_sample(_twin_rows(rows, cd, False), p, input_ids, prompt_lens, seed,
-                                 offset)
+class _TopRequest(NamedTuple):
+    """What ``top_logprobs`` asks of a call: N, raw or processed, and the logits as given."""
+    n: int
+    raw: bool
+    logits: torch.Tensor
+
+
+def _no_top(B, n, device):
+    return (torch.full((B, n), -1, dtype=torch.int64, device=device),
+            torch.full((B, n), float("-inf"), device=device))
+
+
+def _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused=None, top=None):
+    """(tokens, logprobs, top): the kernel or the twin; invalid rows give -1 / -inf; ``top``
+    (ids, logprobs) [B, N] for a _TopRequest, else None."""
+    B, dev = rows.shape[0], rows.device
+    if top is not None and (B == 0 or top.n == 0):
+        tok, logp, _ = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused)
+        return tok, logp, _no_top(B, top.n, dev)
+    if B == 0:
+        return (torch.empty(0, dtype=torch.int64, device=dev),
+                torch.empty(0, dtype=torch.float32, device=dev), None)
+    if params.pick_backend(backend, rows) != "triton":
+        tok, logp = reference.twin_sample(_twin_rows(rows, cd, False), p, input_ids,
+                                          prompt_lens, seed, offset)
+        return tok, logp, _twin_top(rows, cd, p, input_ids, prompt_lens, top)
+    from . import kernels
+    # the kernel's own read gives the top-N when it reads the logits as given (raw) or the
+    # rows it samples (processed, contrastive scores aside)
+    inside = top is not None and (rows is top.logits if top.raw else cd is None)
+    out = kernels.fused_sample(rows, input_ids=input_ids, prompt_lens=prompt_lens, seed=seed,
+                               offset=offset, **_cd_kwargs(cd), **_fused_kwargs(fused),
+                               top_n=top.n if inside else 0, top_n_raw=top is None or top.raw,
+                               **p.as_kwargs())
+    if top is None or inside:
+        return out[0], out[1], (out[2], out[3]) if inside else None
+    return out[0], out[1], _top_apart(rows, cd, p, input_ids, prompt_lens, seed, offset, top)
+
+
+def _twin_top(rows, cd, p, input_ids, prompt_lens, top):
+    if top is None:
+        return None
+    if top.raw:
+        return reference.twin_top_n_raw(top.logits, top.n)
+    return reference.twin_top_n_processed(_twin_rows(rows, cd, False), p, top.n, input_ids,
+                                          prompt_lens)
+
+
+def _top_apart(rows, cd, p, input_ids, prompt_lens, seed, offset, top):
+    """The top-N the draw's own launches could not give: raw logits the caller's edits were
+    materialised over (one torch pass), or processed contrastive scores (materialised, one
+    more kernel call)."""
+    if top.raw:
+        return reference.twin_top_n_raw(top.logits, top.n)
+    from . import kernels
+    scores = contrastive.contrastive_scores(rows, cd.amateur_logits, cd_alpha=cd.alpha,
+                                            cd_beta=cd.beta, check=False, backend="triton")
+    out = kernels.fused_sample(scores, input_ids=input_ids, prompt_lens=prompt_lens, seed=seed,
+                               offset=offset, top_n=top.n, top_n_raw=False, **p.as_kwargs())
+    return out[2], out[3]
 
 
 def _probs(rows, cd, p, input_ids, prompt_lens, backend, fused=None):
@@ -141,9 +189,13 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
             [B, NB]), ids < 0 = padding, duplicates add up, -inf bans), applied to the logits
             (the contrastive scores) before the penalties (gpu_sampler/edits.py).
         top_logprobs: None, or N in [0, 64]: also return the N most likely ids and their
-            float32 logprobs per row, descending, lowest id first on ties; past V: -1 / -inf.
-        logprobs_mode: "raw" (log-softmax of ``logits`` as given, what OpenAI-style APIs
-            report) or "processed" (the distribution sampled from; -inf beyond the kept set).
+            float32 logprobs per row, from the same read of the logits (kernels/topn.py).
+            logprobs_mode "raw" (what OpenAI-style APIs report): log-softmax of ``logits`` as
+            given, ordered by logit, lowest id first on equal logits, past the finite logits
+            (-1, -inf); a row holding a NaN or +inf logit gets (-1, NaN) everywhere. "processed": the distribution sampled from,
+            (x - M) - log Z_f as ``logprobs``, its kept tokens ordered by penalised logit
+            (lowest id first on ties), a greedy row's token with 0.0; places past the kept set
+            (or V) are (-1, -inf).
 
     Returns:
         LongTensor [B], or (tokens [B], logprobs float32 [B]) with return_logprobs; with
@@ -175,18 +227,16 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
         seed = params.draw_seeds(logits.shape[0], logits.device, generator,
                                  params.needs_random(p.temperature))
         offset = 0
-    tok, logp = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused)
+    top = None if n_top is None else _TopRequest(n_top, logprobs_mode == "raw", logits)
+    tok, logp, top = _draw(rows, cd, p, input_ids, prompt_lens, seed, offset, backend, fused,
+                           top)
     if check and logits.shape[0] > 0:
         bad = tok < 0
         if bool(bad.any()):
             _raise_bad(_shown(rows, fused), cd, bad, "sample")
     if n_top is None:
         return (tok, logp) if return_logprobs else tok
-    if logprobs_mode == "raw":
-        scores = torch.log_softmax(logits.to(torch.float32), 1)
-    else:
-        scores = torch.log(_probs(rows, cd, p, input_ids, prompt_lens, backend, fused))
-    return SampleOutput(tok, logp, *rng.top_n(scores, n_top))
+    return SampleOutput(tok, logp, *top)
 
 
 # ---- the torch op: what torch.compile traces ----------------------------------------------

@@ -24,7 +24,7 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
        "qi_ptr": "*i32", "x_ptr": "*i32", "bf_ptr": "*fp32", "bi_ptr": "*i32",
        "hb_ptr": "*i16", "ft_ptr": "*fp32", "boff_ptr": "*i32", "gf_ptr": "*fp32",
-       "gi_ptr": "*i32"}
+       "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32", "lp_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -35,8 +35,9 @@ GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS
 
 
 def _kernel(name):
-    from . import band, history, merge, second, stats
-    return {"band_plan": band._band_plan_kernel, "band_gather": band._band_gather_kernel,
+    from . import band, history, merge, second, stats, topn
+    return {"top_n": topn._top_n_kernel, "band_plan": band._band_plan_kernel,
+            "band_gather": band._band_gather_kernel,
             "band_finish": band._band_finish_kernel,
             "history": history._bucket_history_kernel, "stats": stats._stats_kernel,
             "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel,
@@ -56,7 +57,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     fn = _kernel(kernel)
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
-                  HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, **GEOM)
+                  HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, TOPN_KB=0,
+                  TOPN_RAW=True, STATE=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
@@ -144,6 +146,23 @@ VARIANTS = {
     "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
                                         maxnreg=128)),
+    # top-N logprobs from the one read (kernels/topn.py): raw (64 windowed candidates a
+    # block), processed N = 20 (32 keys a block) and N = 64
+    "stats:top-n raw": ("stats", dict(TOPN_KB=64, num_warps=4, maxnreg=128)),
+    "stats:top-n raw+per-row+pf+mask+bias": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MASK=True,
+                                                           HAS_BIAS=True, TOPN_KB=64,
+                                                           num_warps=4, maxnreg=128)),
+    "stats:top-n processed+mask+bias": ("stats", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True,
+                                                      TOPN_KB=32, TOPN_RAW=False, num_warps=4,
+                                                      maxnreg=128)),
+    "merge:state": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, STATE=True,
+                                  maxnreg=192)),
+    "merge:state+mask+bias": ("merge", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, STATE=True,
+                                            maxnreg=192)),
+    "finish:state": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, STATE=True, num_warps=4)),
+    "top_n:raw": ("top_n", dict(RAW=True, KB=64, NSEL=32, GB=32, CB=512, num_warps=4)),
+    "top_n:processed 64": ("top_n", dict(PER_ROW, RAW=False, HAS_MINP=True, KB=64, NSEL=64, CB=512,
+                                         GB=32, num_warps=4)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),

@@ -182,7 +182,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, xs_ptr, is_ptr, base, off_t, F, 
                 HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Block t of a band row (module docstring): its partials, and its band tokens appended at
     its offset in block order (rank = the lane's order among the block's band tokens)."""
-    offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+    offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           lrow, 0.0, 0.0, 0.0, False, False)
     x = xp / tdiv

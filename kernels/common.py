@@ -151,7 +151,7 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
                     HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                     arow_ptr, la, beta, me, CD: tl.constexpr, LOCAL: tl.constexpr):
     """Statistics block t of the row: (token ids, in-bounds mask, penalised xp, expert block
-    max, min expert logit on the block's head).
+    max, min expert logit on the block's head, the logits as loaded in fp32: top-N "raw").
 
     The history edits of block t are the slice [start_t, end_t) of the row's bucketed edit list
     (kernels/history.py: one int32 per history position, ``id * 2 + counts_for_presence``), so a
@@ -174,6 +174,7 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
     offs = start.to(tl.int32) + lane
     inb = lane < (V - start).to(tl.int32)
     xp = tl.load(lrow_ptr + start + lane, mask=inb, other=float("-inf")).to(tl.float32)
+    raw = xp
     emax = tl.zeros([], tl.float32)
     elo = tl.zeros([], tl.float32)
     if CD:
@@ -223,7 +224,14 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
             xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
         if HAS_PF:
             xp = xp - (tl.where(cnt > 0, pres, 0.0) + freq * cnt.to(tl.float32))
-    return offs, inb, xp, emax, elo
+    return offs, inb, xp, emax, elo, raw
+
+
+# per-row state the merge leaves for the distribution writer and processed top-N logprobs
+# (kernels/merge.py writes it, _write_probs_kernel and kernels/topn.py read it; float32 [B, 5],
+# int32 [B, 2]: flags valid | sampling << 1 | overflowed << 2, greedy token)
+S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
+NS = tl.constexpr(5)
 
 
 # the band read's bins (kernels/stats.py writes, kernels/band.py reads): BAND_S bins per unit of

@@ -25,9 +25,10 @@ fails validation.
 import triton
 import triton.language as tl
 
-from .common import (EMPTY_SLOT, _bad_row, _cand_id, _cand_x, _gumbel, _head, _param,
-                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _pure_row, _row_key, _row_scale, _tempered)
+from .common import (EMPTY_SLOT, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row, _cand_id,
+                     _cand_x, _gumbel, _head, _param, _penalised_tile, _pivot_init,
+                     _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key, _row_scale,
+                     _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
@@ -37,9 +38,6 @@ B_M, B_Z, B_FMAX = (tl.constexpr(i) for i in range(3))
 NBF = tl.constexpr(3)
 BAND_ROW = tl.constexpr(-3)
 
-# per-row state the merge leaves for the distribution writer (float32 [B, 5], int32 [B, 2])
-S_M, S_TAU, S_ZF, S_XPMAX, S_ME = (tl.constexpr(i) for i in range(5))
-NS = tl.constexpr(5)
 
 
 @triton.jit
@@ -142,10 +140,11 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
         piv = _pivots(lo, pv, NPIV)
         cnt, mass, nxt, prv = _pivot_init(NPIV)
         for t in range(0, NT):
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
-                                                  HAS_BIAS,
-                                                  arow, la, beta, me, CD, False)
+            offs, inb, xp, _, _, _ = _penalised_tile(
+                lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                HAS_BIAS,
+                arow, la, beta, me, CD, False)
             x = xp / tdiv
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
                                                   USE_COUNT)
@@ -174,7 +173,7 @@ def _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, m
     """max xp over the row's non-NaN tokens: one pass, for rows whose x overflowed."""
     best = tl.full([], float("-inf"), tl.float32)
     for t in range(0, NT):
-        _, _, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+        _, _, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                          TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                          arow, la, beta, me, CD, False)
         best = tl.maximum(best, tl.max(tl.where(xp == xp, xp, float("-inf")), axis=0))
@@ -197,7 +196,7 @@ def _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, target
         v = tl.load(cand_ptr + cb + kl, mask=kl < ncand, other=EMPTY_SLOT)
         idx = tl.min(tl.where(_cand_x(v) == target, _cand_id(v), 2147483647), axis=0)
     else:
-        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, tb, V, rep, pres, freq,
+        offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, tb, V, rep, pres, freq,
                                               TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                               arow, la, beta, me, CD, False)
         idx = tl.min(tl.where(inb & (xp == target), offs, 2147483647), axis=0)
@@ -228,7 +227,7 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
                               zk, p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
                               MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
     for t in range(0, NT):
-        offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+        offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                               TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
                                               HAS_BIAS, arow, la, beta, Me, CD, False)
         x = _tempered(xp, tdiv, ovf, xpmax)
@@ -245,6 +244,15 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
                                       axis=0), bx)
             best = tl.maximum(best, tb)
     return M, tau, z_f, best, bidx, bx
+
+
+@triton.jit
+def _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx):
+    """The row state's part known before the searches: max xp, flags, greedy token."""
+    tl.store(sf_ptr + row * NS + S_XPMAX, xpmax)
+    flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * ovf.to(tl.int32)
+    tl.store(si_ptr + row * 2, flags)
+    tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
@@ -268,13 +276,14 @@ def _merge_kernel(
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
     PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
-    D0_EXP: tl.constexpr, R: tl.constexpr,
+    D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr,
 ):
     """Reads 8 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
     lies in a block that stored no candidates (one block), and for rows whose x overflowed or
     has no finite value (one pass for max xp). Writes the token and logprob (or, with
-    WRITE_PROBS, the row state that _write_probs_kernel reads).
+    WRITE_PROBS, the row state that _write_probs_kernel reads; with STATE both: the processed
+    top-N logprobs of kernels/topn.py read that state).
 
     With CD (contrastive decoding), first: the row's expert max Me = max of the blocks' maxima;
     blocks whose max is outside Me's head are emptied (their tokens are all -inf), and blocks
@@ -330,9 +339,9 @@ def _merge_kernel(
         while t < NT:
             _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
                          rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
-                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, TILE,
-                         E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, True,
-                         False, R, False, False)
+                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, wcrow,
+                         wcrow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
+                         HAS_BIAS, True, False, R, False, False, 0, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
@@ -365,6 +374,10 @@ def _merge_kernel(
         gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
                             rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
                             HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    if STATE:
+        # the row state of processed top-N logprobs (kernels/topn.py): what is final here is
+        # stored here rather than kept live through the searches
+        _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
     if HAS_TOPK:
@@ -487,10 +500,11 @@ def _merge_kernel(
         if redo:
             t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
             while t < NT:
-                offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres,
-                                                      freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
-                                                      HAS_MASK, HAS_BIAS,
-                                                      arow, la, beta, Me, CD, False)
+                offs, inb, xp, _, _, _ = _penalised_tile(
+                    lrow, erow, brow, xrow, NT, t, V, rep, pres,
+                    freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                    HAS_MASK, HAS_BIAS,
+                    arow, la, beta, Me, CD, False)
                 x = xp / tdiv
                 sel = inb & (x >= LB)
                 nsel = tl.sum(sel.to(tl.int32), axis=0)
@@ -547,6 +561,8 @@ def _merge_kernel(
                 bidx = tl.where(upd, tid.to(tl.int64), bidx)
                 bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
                 best = tl.maximum(best, tb)
+    if STATE:  # tau is final here unless the row pass below redoes the row (it stores its own)
+        tl.store(sf_ptr + row * NS + S_TAU, tau)
 
     if pure & proven:
         z_f = Z
@@ -580,16 +596,16 @@ def _merge_kernel(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,
             k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
             NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
+        if STATE:
+            tl.store(sf_ptr + row * NS + S_TAU, tau)
 
-    if WRITE_PROBS:
+    if WRITE_PROBS or STATE:
         tl.store(sf_ptr + row * NS + S_M, M)
-        tl.store(sf_ptr + row * NS + S_TAU, tau)
         tl.store(sf_ptr + row * NS + S_ZF, z_f)
-        tl.store(sf_ptr + row * NS + S_XPMAX, xpmax)
+    if WRITE_PROBS:
+        tl.store(sf_ptr + row * NS + S_TAU, tau)
         tl.store(sf_ptr + row * NS + S_ME, Me)
-        flags = valid.to(tl.int32) + 2 * sampling.to(tl.int32) + 4 * ovf.to(tl.int32)
-        tl.store(si_ptr + row * 2, flags)
-        tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
+        _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
     else:
         tok = tl.where(greedy, gidx, bidx)
         tok = tl.where(valid, tok, -1)
@@ -645,10 +661,11 @@ def _write_probs_kernel(
         offs = t * TILE + tl.arange(0, TILE)
         inb = offs < V
         if sampling:
-            offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
-                                                  TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
-                                                  HAS_BIAS,
-                                                  arow, la, beta, Me, CD, False)
+            offs, inb, xp, _, _, _ = _penalised_tile(
+                lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+                TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
+                HAS_BIAS,
+                arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
             keep = (x >= tau) & (e >= minp)

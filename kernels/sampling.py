@@ -39,6 +39,7 @@ from .band import NBI, NG, _band_finish_kernel, _band_gather_kernel, _band_plan_
 from .merge import NBF, NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
+from .topn import NRAW, _top_n_kernel
 
 INVALID_TOKEN = -1
 SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
@@ -48,7 +49,15 @@ STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 r
 # needs 72 registers (64 spilled 40 bytes, kernels/README.md): 7 programs per SM there.
 STATS_REGS_PF = 72
 STATS_SLOTS_PF = 7 * SMS
+# With top-N logprobs every block also selects its best keys (tl.topk over 1024 int64 lanes):
+# 122 registers without spills (64 spilled 336 bytes, 96 spilled 24): 4 programs per SM.
+STATS_REGS_TOPN = 128
+STATS_SLOTS_TOPN = 4 * SMS
+RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
+# With the row state of processed top-N logprobs the merge spills 16-20 bytes under 128 (and
+# 136) registers, none at 168-178: one program per SM, the same as B <= 132 rows run anyway.
+MERGE_REGS_STATE = 192
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
 
 
@@ -135,14 +144,62 @@ class _Call:
     bands: bool             # a row can take the band read (kernels/band.py)
     wide: bool              # the 72-register stage-1 variant
     num_warps: int
+    top: "_Top"             # top-N logprobs (kernels/topn.py), kb = 0 when off
 
     def flags(self, *names):
         """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
         return {f"{n.upper()}_T": self.p[n].t for n in names}
 
 
+class _Top(NamedTuple):
+    """Top-N logprobs in a call: N, slots per block (0 = off), raw or processed, and the
+    workspaces (the blocks' keys and raw partials; the merge's row state, processed)."""
+    n: int
+    kb: int
+    raw: bool
+    topw: torch.Tensor
+    rs: torch.Tensor
+    sf: torch.Tensor
+    si: torch.Tensor
+
+    @property
+    def state(self):
+        return self.kb > 0 and not self.raw
+
+
+def _top(logits, g, n, raw):
+    """The call's _Top: kb = min(next_pow2(N), TILE) keys per block, or off (dummies)."""
+    if not n:
+        return _Top(0, 0, True, logits, logits, logits, logits)
+    B, NT, dev = logits.shape[0], g["NT"], logits.device
+    # raw: up to RAW_SLOTS windowed candidates a block; processed: its next_pow2(N) best keys
+    kb = min(RAW_SLOTS if raw else next_pow2(n), g["TILE"])
+    topw = _workspace((B, NT, kb), torch.int64, dev)
+    rs = _workspace((B, NRAW.value, NT), torch.float32, dev) if raw else logits
+    sf, si = ((logits, logits) if raw else (_workspace((B, NS.value), torch.float32, dev),
+                                            _workspace((B, 2), torch.int32, dev)))
+    return _Top(n, kb, raw, topw, rs, sf, si)
+
+
+def _launch_top_n(c):
+    """The row's N best from the blocks' keys (kernels/topn.py), grid (B,): (ids, logprobs)."""
+    g, L, top = c.g, c.logits, c.top
+    B, dev = L.shape[0], L.device
+    nsel = min(next_pow2(top.n), g["NT_P2"] * top.kb, g["TILE"])
+    make = _alloc if top.n <= nsel else (lambda shape, dtype, d: torch.full(
+        shape, -1 if dtype == torch.int64 else float("-inf"), dtype=dtype, device=d))
+    ids, lp = make((B, top.n), torch.int64, dev), make((B, top.n), torch.float32, dev)
+    _top_n_kernel[(B,)](
+        L, L.stride(0), L.shape[1], top.topw, top.rs, top.sf, top.si, *c.p["temp"].pair(),
+        *c.p["minp"].pair(), ids, lp, g["NT"], top.n, **c.flags("temp", "minp"),
+        HAS_MINP=c.modes["HAS_MINP"], RAW=top.raw, KB=top.kb, NSEL=nsel,
+        GB=max(1, min(g["NT_P2"], 2048 // top.kb)), CB=max(nsel, min(512, top.kb * g["NT_P2"])),
+        NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=4)
+    return ids, lp
+
+
 def _modes(logits, temperature, top_k, top_p, min_p, input_ids, rep, pres, freq, write_probs,
-           cd):
+           cd, state=False):
     """Which code paths this call can need, from the Python scalars alone (a tensor
     parameter may hold anything): (has_rep, has_pf, pure_ok, second, bands, wide, modes)."""
     V = logits.shape[1]
@@ -166,8 +223,11 @@ def _modes(logits, temperature, top_k, top_p, min_p, input_ids, rep, pres, freq,
     # Can a row be top-p without top-k (T > 0)? Then stage 1 writes the band estimate and the
     # merge hands rows whose nucleus outgrew the candidates to the band read (three more
     # launches, kernels/band.py). Not for the distribution or contrastive decoding (the row
-    # pass), nor a scalar top-k in (0, V) (the tuned case compiles without it).
-    bands = no_k and (on(top_p) or top_p < 1.0) and hot and not write_probs and not cd
+    # pass), nor a scalar top-k in (0, V) (the tuned case compiles without it), nor with the
+    # row state of processed top-N logprobs (``state``: the band finish leaves none; such rows
+    # take the row pass).
+    bands = no_k and (on(top_p) or top_p < 1.0) and hot and not write_probs and not cd \
+        and not state
     wide = pure_ok and has_rep and has_pf  # that variant needs 72 registers (no spills)
     modes = dict(HAS_TOPK=on(top_k) or 0 < top_k < V, HAS_TOPP=on(top_p) or top_p < 1.0,
                  HAS_MINP=on(min_p) or min_p > 0.0)
@@ -241,10 +301,10 @@ def _launch_stats(c, wf, wi, cand, hb, ft):
     _stats_kernel[(L.shape[0], g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["seed"].pair(),
-        *c.p["off"].pair(), wf, wi, cand, hb, ft, *c.cdargs, c.wc, KT=g["KT"], NWIN=8,
-        D0_EXP=-2, BANDS=c.bands,
+        *c.p["off"].pair(), wf, wi, cand, hb, ft, c.top.topw, c.top.rs, *c.cdargs, c.wc,
+        KT=g["KT"], NWIN=8, D0_EXP=-2, BANDS=c.bands, TOPN_KB=c.top.kb, TOPN_RAW=c.top.raw,
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
-        **_regs(STATS_REGS_PF if c.wide else STATS_REGS),
+        **_regs(STATS_REGS_TOPN if c.top.kb else STATS_REGS_PF if c.wide else STATS_REGS),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
         **c.const)
 
@@ -261,8 +321,9 @@ def _launch_merge(c, work, out, write_probs, npiv, max_rounds):
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes,
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
-        NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2,
-        num_warps=warps, R=min(g["TILE"], 32 * warps), **_regs(MERGE_REGS), **c.const)
+        NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
+        num_warps=warps, R=min(g["TILE"], 32 * warps),
+        **_regs(MERGE_REGS_STATE if c.top.state else MERGE_REGS), **c.const)
 
 
 def _launch_second(c, rf, tok, logp, sf, write_probs):
@@ -278,7 +339,7 @@ def _launch_second(c, rf, tok, logp, sf, write_probs):
         WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
     _finish_kernel[(B,)](
         g["NT"], rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
-        WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], num_warps=4)
+        WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4)
 
 
 def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
@@ -329,8 +390,8 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
                  amateur_logits=None, cd_alpha=0.1, cd_beta=0.5, allowed_words=None,
-                 logit_bias=None, tile=None, npiv=8, max_rounds=64, num_warps=None, chunks=None,
-                 cand=None):
+                 logit_bias=None, top_n=0, top_n_raw=True, tile=None, npiv=8, max_rounds=64,
+                 num_warps=None, chunks=None, cand=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
     Parameters are already validated by the public layer (gpu_sampler.sample): each is a Python
@@ -345,27 +406,52 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     ``allowed_words`` (int32 [B, ceil(V / 32)]) and ``logit_bias`` ((ids int64, values
     float32) [B, NB], padding mapped to id 0 / value 0) are a request's mask and bias
     (gpu_sampler/edits.py), applied by every block as it loads its logits: no extra pass.
+    ``top_n`` > 0 (<= 64) also returns the N best ids (int64 [B, N]) and logprobs (float32
+    [B, N]) of the raw logits (``top_n_raw``) or of the distribution sampled from
+    (kernels/topn.py), from the same read: (tokens, logprobs, top_ids, top_logprobs).
+    Processed top-N takes no contrastive scores (the public layer materialises them).
     """
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    (B, V), dev = logits.shape, logits.device
+    if top_n and not top_n_raw and amateur_logits is not None:
+        raise ValueError("processed top_n with amateur_logits: pass the contrastive scores")
+    c = _setup(logits, dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty,
+                            presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty),
+               input_ids, prompt_lens, seed, offset, write_probs,
+               (amateur_logits, cd_alpha, cd_beta), (allowed_words, logit_bias),
+               (top_n, top_n_raw), dict(tile=tile, chunks=chunks, cand=cand), num_warps)
+    return _run(c, write_probs, npiv, max_rounds)
+
+
+def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edits, top, geom,
+           num_warps):
+    """The call's _Call: modes, plan, parameters, the history and edit tables."""
+    (B, V), (amateur_logits, cd_alpha, cd_beta) = logits.shape, cd
     has_rep, has_pf, pure_ok, second, bands, wide, modes = _modes(
-        logits, temperature, top_k, top_p, min_p, input_ids, repetition_penalty,
-        presence_penalty, frequency_penalty, write_probs, amateur_logits is not None)
-    g = plan(B, V, tile=tile, chunks=chunks, cand=cand,
-             slots=STATS_SLOTS_PF if wide else STATS_SLOTS)
+        logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"], input_ids,
+        v["repetition_penalty"], v["presence_penalty"], v["frequency_penalty"], write_probs,
+        amateur_logits is not None, state=bool(top[0]) and not top[1])
+    slots = STATS_SLOTS_TOPN if top[0] else STATS_SLOTS_PF if wide else STATS_SLOTS
+    g = plan(B, V, slots=slots, **geom)
     cdargs, wc, cd_const = _contrastive(logits, amateur_logits, cd_alpha, cd_beta, g["NT"])
-    p = _params((prompt_lens if prompt_lens is not None else 0, temperature, top_k, top_p,
-                 min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, offset),
-                logits)
+    p = _params((prompt_lens if prompt_lens is not None else 0, v["temperature"], v["top_k"],
+                 v["top_p"], v["min_p"], v["repetition_penalty"], v["presence_penalty"],
+                 v["frequency_penalty"], seed, offset), logits)
     *hist, e_block = _history(logits, input_ids, p, g, has_rep or has_pf)
-    hist += _edits(logits, allowed_words, logit_bias, g)
+    hist += _edits(logits, *edits, g)
     const = dict(TEMP_T=p["temp"].t, REP_T=p["rep"].t, PRES_T=p["pres"].t, FREQ_T=p["freq"].t,
-                 HAS_REP=has_rep, HAS_PF=has_pf, HAS_MASK=allowed_words is not None,
-                 HAS_BIAS=logit_bias is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
+                 HAS_REP=has_rep, HAS_PF=has_pf, HAS_MASK=edits[0] is not None,
+                 HAS_BIAS=edits[1] is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
     # stage 1: small programs, 8 resident per SM at <= 64 registers
-    c = _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands, wide,
-              4 if num_warps is None else num_warps)
+    return _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands,
+                 wide, 4 if num_warps is None else num_warps, _top(logits, g, *top))
+
+
+def _run(c, write_probs, npiv, max_rounds):
+    """The launches of one call, in order; its outputs."""
+    g, dev, B = c.g, c.logits.device, c.logits.shape[0]
     NT, KT = g["NT"], g["KT"]
     work = (_workspace((B, NF.value, NT), torch.float32, dev),
             _workspace((B, NI.value, NT), torch.int32, dev),
@@ -373,7 +459,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     # the band read's estimate (stage 1) and per-row plan (merge, band plan), or dummies
     hb, ft, bf = (_workspace((B, NT, NBIN.value), torch.int16, dev),
                   _workspace((B, NT), torch.float32, dev),
-                  _workspace((B, NBF.value), torch.float32, dev)) if bands else (logits,) * 3
+                  _workspace((B, NBF.value), torch.float32, dev)) if c.bands else (c.logits,) * 3
     _launch_stats(c, *work, hb, ft)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
@@ -381,12 +467,14 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         tok = logp = sf  # not written in this mode
     else:
         tok, logp = _alloc((B,), torch.int64, dev), _alloc((B,), torch.float32, dev)
-        sf = si = tok
-    rf = _workspace((B, NR.value), torch.float32, dev) if second else logits
+        sf, si = (c.top.sf, c.top.si) if c.top.state else (tok, tok)
+    rf = _workspace((B, NR.value), torch.float32, dev) if c.second else c.logits
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
     _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds)
-    if second:
+    if c.second:
         _launch_second(c, rf, tok, logp, sf, write_probs)
-    if bands:
+    if c.bands:
         _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
-    return _launch_probs(c, sf, si) if write_probs else (tok, logp)
+    if write_probs:
+        return _launch_probs(c, sf, si)
+    return (tok, logp, *_launch_top_n(c)) if c.top.kb else (tok, logp)

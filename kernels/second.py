@@ -57,7 +57,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
                   HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                   HAS_BIAS: tl.constexpr, CD: tl.constexpr):
     """Block t's draw partial over its kept tokens (module docstring)."""
-    offs, inb, xp, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+    offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
@@ -124,10 +124,11 @@ def _gather_kernel(
 def _finish_kernel(
     NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr,
     S_TAU: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr,
-    WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr,
+    WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr, STATE: tl.constexpr,
 ):
     """Grid (B,). For a handed-over row: reads its 4 words per block (no logits) and writes the
-    token and logprob, or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel."""
+    token and logprob, or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel (with STATE
+    both: the merge's row state made whole for kernels/topn.py)."""
     row = tl.program_id(0).to(tl.int64)
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
         tt = tl.arange(0, NT_P2)
@@ -135,10 +136,10 @@ def _finish_kernel(
         qf = qf_ptr + row * NQ * NT
         M = tl.load(rf_ptr + row * NR + R_M)
         z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
-        if WRITE_PROBS:
+        if WRITE_PROBS or STATE:
             tl.store(sf_ptr + row * NS + S_ZF, z_f)
             tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
-        else:
+        if not WRITE_PROBS:
             s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
             id_t = tl.load(qi_ptr + row * NQI * NT + Q_ID * NT + tt, mask=tin, other=0)
             best = tl.max(s_t, axis=0)

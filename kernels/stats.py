@@ -42,6 +42,7 @@ import triton.language as tl
 
 from .common import (BAND_S, NBIN, _band_bin, _gumbel, _pack_cand, _param, _penalised_tile,
                      _pure_row, _row_key, _row_scale)
+from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
 # F_S2 and I_BID are written for pure-temperature rows only (their block's draw partial)
@@ -86,18 +87,20 @@ def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
 
 @triton.jit
 def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1, hrow, frow,
+                 rep, pres, freq, tdiv, c2, la, beta, me, k0, k1, hrow, frow, topw, rsw,
                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
                  NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
                  HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                  CD: tl.constexpr, LOCAL: tl.constexpr,
-                 R: tl.constexpr, DRAW: tl.constexpr, BANDS: tl.constexpr):
+                 R: tl.constexpr, DRAW: tl.constexpr, BANDS: tl.constexpr,
+                 TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace; for a
     pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
-    offs, inb, xp, emax, elo = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
-                                               TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
-                                               arow, la, beta, me, CD, LOCAL)
+    offs, inb, xp, emax, elo, raw = _penalised_tile(
+        lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
+        TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
+        arow, la, beta, me, CD, LOCAL)
     # Statistics in xp (before the temperature): x = fl(xp / T) is monotone in xp, so max, min,
     # windows and candidates carry over, and no lane divides (the merge divides candidates).
     # Blocks with neither NaN nor +inf, whose x does not overflow (all but a few): max xp
@@ -122,6 +125,18 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
         z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
         v = tl.where(fin, xp, float("-inf"))
         vm = tl.max(v, axis=0)
+    if TOPN_KB > 0:
+        # top-N logprobs (kernels/topn.py) from this same read: the raw logits, or xp (the
+        # processed order; not v, whose overflowed lanes are -inf)
+        if TOPN_RAW:
+            # the block's raw candidates: the same windows as the sampling candidates (an upper
+            # set of <= TOPN_KB finite logits, and the largest one left out)
+            rv, rm = _block_raw(raw, inb, rsw, row, NT, t)
+            _, rn, rg = _block_cands(rv, offs, rm, rv > float("-inf"), 1.0, topw, row, NT, t,
+                                     TILE, TOPN_KB, NWIN, D0_EXP, R)
+            _block_raw_cands(rsw, row, NT, t, rn, rg)
+        else:
+            _block_top(xp, offs, inb, topw, row, NT, t, TOPN_KB)
     hmask = v > float("-inf")
     if DRAW:
         # a pure row's blocks store their draw partial, no candidates
@@ -229,7 +244,7 @@ def _stats_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-    wf_ptr, wi_ptr, cand_ptr, hb_ptr, ft_ptr,
+    wf_ptr, wi_ptr, cand_ptr, hb_ptr, ft_ptr, topw_ptr, rs_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
@@ -238,7 +253,7 @@ def _stats_kernel(
     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
-    R: tl.constexpr, BANDS: tl.constexpr,
+    R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -246,7 +261,9 @@ def _stats_kernel(
     the Gumbel noise (hash + 2 logs) and x = xp / T on every lane here, which is what lets the
     merge skip the second pass over the row that v2 needed for them. With BANDS (a launch that
     can have a top-p row without top-k) every other row's blocks also write the band read's
-    estimate (_block_bands: 128 int16 counts + F_t, 260 bytes per block)."""
+    estimate (_block_bands: 128 int16 counts + F_t, 260 bytes per block). With TOPN_KB > 0
+    (top-N logprobs) every block also writes its TOPN_KB best keys (kernels/topn.py: 8 bytes
+    each, + 12 bytes of raw partials with TOPN_RAW)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lrow = logits_ptr + row * stride_lb
@@ -279,38 +296,41 @@ def _stats_kernel(
             for t in range(c * TPC, t_end):
                 _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                              t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
-                             hb_ptr, ft_ptr,
+                             hb_ptr, ft_ptr, topw_ptr, rs_ptr,
                              TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                              False, True, R,
-                             True, False)
+                             True, False, TOPN_KB, TOPN_RAW)
         else:
             _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
                        c * TPC,
                        t_end, V, rep, pres, freq, tdiv, c2, la, beta,
-                       hb_ptr + row * NT * NBIN, ft_ptr + row * NT, TILE, E_BLOCK, KT, NWIN,
-                       D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS)
+                       hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE,
+                       E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R,
+                       BANDS, TOPN_KB, TOPN_RAW)
     else:
         _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
                    t_end, V, rep, pres, freq, tdiv, c2, la, beta,
-                   hb_ptr + row * NT * NBIN, ft_ptr + row * NT, TILE, E_BLOCK, KT, NWIN,
-                   D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS)
+                   hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE, E_BLOCK,
+                   KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS, TOPN_KB,
+                   TOPN_RAW)
 
 
 @triton.jit
 def _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0, t_end, V,
-               rep, pres, freq, tdiv, c2, la, beta, hrow, frow, TILE: tl.constexpr,
+               rep, pres, freq, tdiv, c2, la, beta, hrow, frow, topw, rsw, TILE: tl.constexpr,
                E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-               HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr, BANDS: tl.constexpr):
+               HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr, BANDS: tl.constexpr,
+               TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr):
     """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
     candidates per block."""
     zero = tl.zeros([], tl.uint32)
     for t in range(t0, t_end):
         emax, elo = _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
-                                 zero, zero, hrow, frow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP,
-                                 HAS_PF, HAS_MASK, HAS_BIAS,
-                                 CD, True, R, False, BANDS)
+                                 zero, zero, hrow, frow, topw, rsw, TILE, E_BLOCK, KT, NWIN,
+                                 D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
+                                 CD, True, R, False, BANDS, TOPN_KB, TOPN_RAW)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's

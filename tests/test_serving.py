@@ -22,9 +22,9 @@ def test_top_logprobs_raw_are_log_softmax_topk(backend, dtype):
     out = gpu_sampler.sample(x, top_k=5, seed=3, top_logprobs=20, backend=backend)
     ref = torch.log_softmax(x.float(), 1)
     want_vals, want_ids = [], []
-    for r in range(4):  # descending, lowest id first among equal values
+    for r in range(4):  # descending, lowest id first among equal values; -inf logits unlisted
         order = sorted(range(V), key=lambda j: (-ref[r, j].item(), j))[:20]
-        want_ids.append(order)
+        want_ids.append([j if ref[r, j] > float("-inf") else -1 for j in order])
         want_vals.append(ref[r, order])
     assert out.top_ids.tolist() == want_ids
     torch.testing.assert_close(out.top_logprobs, torch.stack(want_vals))
@@ -39,9 +39,10 @@ def test_top_logprobs_processed_are_the_sampled_distribution(backend):
     out = gpu_sampler.sample(x, seed=5, top_logprobs=8, logprobs_mode="processed", **kw)
     lp = torch.log(gpu_sampler.sampling_distribution(x, **kw))
     vals, ids = lp.sort(dim=1, descending=True, stable=True)
-    assert torch.equal(out.top_ids, ids[:, :8])
+    # places past the kept set are (-1, -inf)
+    assert torch.equal(out.top_ids, torch.where(vals[:, :8] > float("-inf"), ids[:, :8], -1))
     torch.testing.assert_close(out.top_logprobs, vals[:, :8])
-    assert bool(torch.isinf(out.top_logprobs[1, 4:]).all())  # beyond the kept set
+    assert bool(torch.isinf(out.top_logprobs[1, 4:]).all()) and out.top_ids[1, 4:].eq(-1).all()
     # The drawn token's logprob is the processed one.
     torch.testing.assert_close(out.logprobs, lp.gather(1, out.tokens[:, None]).squeeze(1))
 
@@ -51,6 +52,43 @@ def test_top_logprobs_wider_than_the_vocabulary_and_zero():
     out = gpu_sampler.sample(x, top_logprobs=7, seed=1)
     assert out.top_ids[:, 5:].eq(-1).all() and torch.isinf(out.top_logprobs[:, 5:]).all()
     assert gpu_sampler.sample(x, top_logprobs=0, seed=1).top_ids.shape == (2, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_top_logprobs_raw_of_a_nan_row_and_both_backends_agree(backend):
+    """A row holding NaN or +inf has no log-softmax: (-1, NaN) everywhere; the other rows are
+    the twin's, on both backends, with a mask, a bias and penalties on."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, V, generator=g)
+    x[1, 3], x[2, 9] = float("nan"), float("inf")
+    allowed = torch.rand(3, V, generator=g) < 0.5
+    allowed[:, 0] = True
+    kw = dict(temperature=0.8, repetition_penalty=1.2, input_ids=torch.tensor([[1, 2]] * 3),
+              allowed_mask=gpu_sampler.pack_mask(allowed),
+              logit_bias=(torch.tensor([[4, 5]] * 3), torch.tensor([[2.0, -1.0]] * 3)),
+              seed=3, top_logprobs=6, check=False)
+    out = gpu_sampler.sample(x, backend=backend, **kw)
+    ref = gpu_sampler.sample(x, backend="torch", **kw)
+    assert torch.equal(out.top_ids, ref.top_ids) and out.top_ids[1:].eq(-1).all()
+    torch.testing.assert_close(out.top_logprobs, ref.top_logprobs, equal_nan=True)
+    assert out.top_logprobs[1:].isnan().all()
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_top_logprobs_with_contrastive_scores_equal_the_torch_backend(mode):
+    """Contrastive decoding (and with a bias: its scores materialised) on the kernel: the same
+    top-N as the twin, raw of the expert logits as given."""
+    if "triton" not in BACKENDS:
+        pytest.skip("needs the Triton backend")
+    g = torch.Generator().manual_seed(5)
+    x, a = torch.randn(3, V, generator=g) * 2, torch.randn(3, V, generator=g)
+    for bias in (None, (torch.tensor([[4]] * 3), torch.tensor([[1.5]] * 3))):
+        kw = dict(amateur_logits=a, temperature=0.9, top_p=0.9, seed=2, top_logprobs=5,
+                  logprobs_mode=mode, logit_bias=bias)
+        got = gpu_sampler.sample(x, backend="triton", **kw)
+        want = gpu_sampler.sample(x, backend="torch", **kw)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.top_ids, want.top_ids)
+        torch.testing.assert_close(got.top_logprobs, want.top_logprobs)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
