@@ -5,8 +5,11 @@ batch size 1, and at batch size > 1 (which transformers refuses) each row equals
 (ours, and transformers' on the row alone), with left padding, EOS and stopping criteria that
 stop rows in the middle of a verified block. Sampling: exact in distribution (chi-square on
 the first and second tokens over many seeded rows), and an assistant identical to the target
-has every draft accepted. Rollback: the returned cache equals plain generate's.
+has every draft accepted. Rollback: the returned cache equals plain generate's. The
+single-token processors (plain generate() hands them to sample() as logit_bias) reach the
+target's verified positions and the assistant's drafts, as transformers applies them to both.
 """
+import copy
 import warnings
 
 import pytest
@@ -298,3 +301,146 @@ def test_patch_runs_it_and_hands_over_what_it_refuses():
     for kw in (dict(assistant_model=t5), dict(prompt_lookup_num_tokens=2)):
         with pytest.raises(NotImplementedError):
             generate(t5, src, max_new_tokens=4, **kw)
+
+
+# ---- single-token processors (plain generate()'s logit_bias) on the assisted path ------------
+
+def _edit_cases(free):
+    """suppress_tokens, begin_suppress_tokens, single-token bad_words_ids and sequence_bias,
+    min_new_tokens: built from a free greedy run's tokens so that each changes the output."""
+    a, b, c = int(free[1]), int(free[4]), int(free[0])
+    return {
+        "suppress": dict(suppress_tokens=[a, b]),
+        "begin_suppress": dict(begin_suppress_tokens=[c]),
+        "bad_words": dict(bad_words_ids=[[a], [b, 7]]),  # the longer word stays in torch
+        "seq_bias": dict(sequence_bias={(a,): -4.0, (c,): -3.0, (17,): 2.5}),
+        "min_new_tokens": dict(min_new_tokens=8, eos_token_id=a),
+    }
+
+
+EDIT_CASES = ("suppress", "begin_suppress", "bad_words", "seq_bias", "min_new_tokens")
+
+
+def _drafter(target, mode):
+    if mode == "prompt_lookup":
+        return dict(prompt_lookup_num_tokens=3)
+    if mode == "assistant":
+        return dict(assistant_model=_assistant(target))
+    # An identical assistant accepts every draft only if it applies the processors as the
+    # target does: the forward counts below tell.
+    twin = copy.deepcopy(target)
+    twin.generation_config.assistant_confidence_threshold = 0.0
+    twin.generation_config.num_assistant_tokens = 4
+    return dict(assistant_model=twin)
+
+
+def _greedy_kw(case_kw, **extra):
+    kw = dict(case_kw, max_new_tokens=16, do_sample=False, pad_token_id=0, **extra)
+    kw.setdefault("eos_token_id", None)
+    return kw
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "assistant", "twin"])
+@pytest.mark.parametrize("case", EDIT_CASES)
+def test_single_token_processors_greedy_equal_transformers(case, mode):
+    target = tiny_model("llama", seed=3)
+    ids = _batch(1, 12, seed=1)[0]
+    free = target.generate(ids, **_greedy_kw({}))[0, 12:]
+    kw = _greedy_kw(_edit_cases(free)[case], **_drafter(target, mode))
+    calls = _Counter(target)
+    ref = target.generate(ids, **kw)
+    hf_calls, calls.n = calls.n, 0
+    out = generate(target, ids, **kw)
+    assert not torch.equal(ref[0, 12:], free[:ref.shape[1] - 12]), "the case changes nothing"
+    assert torch.equal(out, ref)
+    # Same drafts, same acceptances: prompt lookup drops the candidates the processors ban and
+    # the assistant drafts under them, as transformers' candidate generators do.
+    assert calls.n == hf_calls
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "assistant"])
+def test_single_token_processors_batched_rows_equal_plain_greedy(mode, packs):
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(3, 10, seed=2)
+    free = generate(target, ids, **_greedy_kw({}, attention_mask=mask))
+    for case, case_kw in _edit_cases(free[0, 10:]).items():
+        kw = _greedy_kw(case_kw, attention_mask=mask)
+        ref = target.generate(ids, **kw)
+        assert not torch.equal(ref, free), case
+        assert torch.equal(generate(target, ids, **kw), ref), case
+        assert torch.equal(generate(target, ids, **_drafter(target, mode), **kw), ref), case
+    if mode == "assistant":
+        assert packs, "rows never kept different counts (per-row lengths untested)"
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "assistant", "twin"])
+def test_sampling_never_emits_a_banned_token(mode):
+    target = tiny_model("llama", seed=2, vocab_size=24)
+    with torch.no_grad():  # a peakier target: a few tokens take most of the mass
+        target.lm_head.weight.mul_(3)
+    ids = torch.tensor([[5, 9, 1, 4, 5, 9, 1, 4, 5, 9]]).expand(64, -1)
+    kw = dict(max_new_tokens=8, do_sample=True, temperature=1.0, seed=0, pad_token_id=0,
+              **_drafter(target, mode))
+    free = generate(target, ids, eos_token_id=None, **kw)[:, 10:]
+    # Token 0 is the pad that rows stopped by EOS are filled with: never a banned one.
+    common = [t for t in torch.bincount(free.flatten(), minlength=24).argsort(
+        descending=True).tolist() if t != 0]
+    first = torch.bincount(free[:, 0], minlength=24)[1:].argmax().item() + 1
+    suppressed, bad, eos = common[:2], common[2], common[3]
+    assert all(bool((free == t).any()) for t in common[:4]) and bool((free[:, 0] == first).any())
+    out = generate(target, ids, suppress_tokens=suppressed, bad_words_ids=[[bad]],
+                   begin_suppress_tokens=[first], min_new_tokens=5, eos_token_id=eos,
+                   **kw)[:, 10:]
+    assert not bool(torch.isin(out, torch.tensor(suppressed + [bad])).any())
+    assert not bool((out[:, 0] == first).any())
+    assert not bool((out[:, :5] == eos).any())
+
+
+@pytest.mark.parametrize("ban", [dict(suppress_tokens=[8]), dict(bad_words_ids=[[8], [3, 4]]),
+                                 dict(sequence_bias={(8,): float("-inf")}),
+                                 dict(suppress_tokens=[7]), dict(begin_suppress_tokens=[7])])
+def test_prompt_lookup_candidates_equal_transformers_under_bans(ban, monkeypatch):
+    """transformers' prompt lookup cuts a candidate before its first token the processors ban
+    (the whole list, single-token ones included) and looks further when nothing is left."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+    from gpu_sampler.hf.drafts import PromptLookup
+    theirs, ours = [], []
+    hf_get, our_propose = PromptLookupCandidateGenerator.get_candidates, PromptLookup.propose
+
+    def hf_spy(self, input_ids, **kw):
+        cand, logits = hf_get(self, input_ids, **kw)
+        theirs.append(cand[0, input_ids.shape[1]:].tolist())
+        return cand, logits
+
+    def our_spy(self, rows):
+        drafts = our_propose(self, rows)
+        ours.append(drafts.tokens[0, :int(drafts.lengths[0])].tolist())
+        return drafts
+
+    monkeypatch.setattr(PromptLookupCandidateGenerator, "get_candidates", hf_spy)
+    monkeypatch.setattr(PromptLookup, "propose", our_spy)
+    target = tiny_model("llama", seed=3)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 4, 5, 6, 7, 8, 9, 4, 5, 6]])
+    kw = dict(ban, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    kw.setdefault("eos_token_id", None)
+    ref = target.generate(ids, prompt_lookup_num_tokens=3, **kw)
+    assert torch.equal(generate(target, ids, prompt_lookup_num_tokens=3, **kw), ref)
+    assert ours == theirs and any(ours)
+
+
+def test_reported_scores_carry_the_single_token_processors():
+    # output_scores: each emitted token's processed scores, bans and bias included, as plain
+    # generate() reports them (rows at different lengths, so different eos bans).
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(3, 10, seed=2)
+    kw = _greedy_kw(dict(suppress_tokens=[886, 5], sequence_bias={(17,): 2.0},
+                         min_new_tokens=4, eos_token_id=2), attention_mask=mask,
+                    return_dict_in_generate=True, output_scores=True)
+    ref = generate(target, ids, **kw)
+    for extra in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=_assistant(target))):
+        out = generate(target, ids, **extra, **kw)
+        assert torch.equal(out.sequences, ref.sequences)
+        assert len(out.scores) == len(ref.scores)
+        for a, b in zip(out.scores, ref.scores):
+            assert torch.equal(a.isinf(), b.isinf())
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)

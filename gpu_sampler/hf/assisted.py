@@ -4,9 +4,11 @@ greedy and sampling, any batch size.
 Each step, for every row still generating: draft up to K tokens (:mod:`gpu_sampler.hf.drafts`),
 feed ``[last token, drafts]`` to the target in one forward, process the K + 1 logits as plain
 generate() would at those positions (torch-side processors on the sequence extended by the
-drafts before each position), and verify with :func:`gpu_sampler.speculative_sample` (with the
-assistant's draft distributions, or one-hot drafts for prompt lookup; temperature 0 = greedy:
-accept while the draft is the argmax). A row emits its accepted drafts and one more token;
+drafts before each position, then the single-token ones that plain generate() hands to
+``sample()`` as ``logit_bias``, at that position's length: ``drafts.process_rows``), and
+verify with :func:`gpu_sampler.speculative_sample` (with the assistant's draft distributions,
+or one-hot drafts for prompt lookup; temperature 0 = greedy: accept while the draft is the
+argmax). A row emits its accepted drafts and one more token;
 EOS, ``max_new_tokens`` and stopping criteria cut it at the first token that stops it, as plain
 generate() stops, and a finished row is padded with ``pad_token_id``.
 
@@ -191,7 +193,8 @@ def _rows(model, run_, prog):
     bufs.ensure_room(model, plan, bufs.kv, inp.L0 + int(prog.n.max()) + int(limits.max()) + 1)
     eos = plan.eos if plan.has_eos else None
     return Rows(out=bufs.out, hist=bufs.hist, L0=inp.L0, n=prog.n, live=live, first=prog.first,
-                limits=limits, offset=bufs.text_next_pos() + 1, procs=plan.torch_procs, eos=eos)
+                limits=limits, offset=bufs.text_next_pos() + 1, procs=plan.torch_procs,
+                edits=plan.edits, eos=eos)
 
 
 def _step(model, run_, prog, streamer):

@@ -6,16 +6,17 @@ Both follow transformers' candidate generators (``PromptLookupCandidateGenerator
 * :class:`PromptLookup` (``prompt_lookup_num_tokens``, ``max_matching_ngram_size``): the last
   n tokens of the row (n from ``max_matching_ngram_size``, default 2, down to 1) are looked up
   in the row's own text (from its first attended column: left padding is not searched); the
-  first earlier occurrence, left to right, whose continuation a torch-side processor (a
-  mask such as ``no_repeat_ngram_size``, ``min_length``, ``bad_words_ids``, or a user
-  processor) allows from its first token on proposes up to ``prompt_lookup_num_tokens``
-  tokens, cut before an EOS. The drafts have no probabilities (q is one-hot).
+  first earlier occurrence, left to right, whose continuation the processors (a mask such
+  as ``no_repeat_ngram_size``, ``min_length``, ``bad_words_ids``, ``suppress_tokens``, a
+  -inf ``sequence_bias``, or a user processor) allow from its first token on proposes up to
+  ``prompt_lookup_num_tokens`` tokens, cut before an EOS. The drafts have no probabilities
+  (q is one-hot).
 * :class:`Assistant` (``assistant_model``): a model with the same vocabulary, on its own
   :class:`~gpu_sampler.hf.cache.StaticKVCache`, drafts one token per forward with the call's
-  own processing (processors, penalties, temperature / top-k / top-p / min-p, greedy or
-  sampling, from an independent random stream), so its draft distribution q is
-  ``sampling_distribution()`` of its processed logits. A row stops drafting after an EOS,
-  after a token whose probability under the assistant's processed scores is below
+  own processing (processors, single-token ones included, penalties, temperature / top-k /
+  top-p / min-p, greedy or sampling, from an independent random stream), so its draft
+  distribution q is ``sampling_distribution()`` of its processed logits. A row stops drafting
+  after an EOS, after a token whose probability under the assistant's processed scores is below
   ``assistant_confidence_threshold``, or at its budget. ``num_assistant_tokens``,
   ``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold`` are read from
   ``assistant_model.generation_config`` (transformers' defaults 20, ``"constant"``, 0.4 where
@@ -39,6 +40,7 @@ from ..sampler import sample, sampling_distribution
 from . import slots
 from .buffers import Buffers
 from .common import Unsupported
+from .processors import TokenEdits
 
 __all__ = ["Drafts", "Rows", "PromptLookup", "Assistant", "process_rows"]
 
@@ -68,6 +70,7 @@ class Rows:
     limits: torch.Tensor            # int64 [B] host: most drafts row b may propose now
     offset: torch.Tensor            # int64 [B] device: position of the first token emitted now
     procs: lp.LogitsProcessorList   # the torch-side processors (plan.torch_procs)
+    edits: TokenEdits               # the single-token processors (plan.edits)
     eos: Optional[torch.Tensor]     # EOS ids, or None
 
     def history(self, drafts, i):
@@ -77,16 +80,29 @@ class Rows:
 
 
 def process_rows(rows, drafts, i, scores):
-    """The torch-side processors on scores [B, V] for the token after row b's sequence
-    ``out[b, :L0 + n[b]]`` extended by ``drafts[b, :i]`` (live rows, grouped by length)."""
-    if not len(rows.procs):
+    """Every processor before the penalties on scores [B, V] for the token after row b's
+    sequence ``out[b, :L0 + n[b]]`` extended by ``drafts[b, :i]`` (live rows, grouped by
+    length): see :func:`_processed`."""
+    if not len(rows.procs) and rows.edits.empty:
         return scores
     dev = scores.device
     for length in rows.n[rows.live].unique().tolist():
         idx = ((rows.n == length) & rows.live).nonzero().flatten().to(dev)
         seq = torch.cat([rows.out[idx, :rows.L0 + length], drafts[idx, :i]], 1)
-        scores[idx] = rows.procs(seq, scores[idx])
+        scores[idx] = _processed(rows, seq, scores[idx])
     return scores
+
+
+def _processed(rows, seq, scores):
+    """float32 scores [b, V] for the token after ``seq`` [b, L]: the torch-side processors,
+    then the single-token ones (sample()'s logit_bias in plain generate(), here added to the
+    scores: they depend on the length L, which differs between positions and rows, and every
+    consumer of a position's scores (verification, reported scores, the assistant's draw, q
+    and confidence, prompt lookup's check) must see them, as transformers' processors see
+    them). Both act before the penalties, as in plain generate()."""
+    if len(rows.procs):
+        scores = rows.procs(seq, scores)
+    return rows.edits.apply(scores, seq.shape[1])
 
 
 def _positive_int(name, value, minimum):
@@ -139,15 +155,16 @@ class PromptLookup:
         return []
 
     def _allowed(self, rows, b, cand):
-        """The leading candidates the torch-side processors do not forbid (-inf) on flat
-        logits, each after the ones before it (transformers' check)."""
-        if not len(rows.procs):
+        """The leading candidates the processors before the penalties (torch-side and
+        single-token) do not forbid (-inf) on flat logits, each after the ones before it
+        (transformers' check, which runs its whole processor list)."""
+        if not len(rows.procs) and rows.edits.empty:
             return cand
         seq = rows.out[b:b + 1, :rows.L0 + int(rows.n[b])]
         dev = seq.device
         for j, tok in enumerate(cand):
-            s = rows.procs(torch.cat([seq, torch.tensor([cand[:j]], dtype=torch.long,
-                                                        device=dev)], 1),
+            s = _processed(rows, torch.cat([seq, torch.tensor([cand[:j]], dtype=torch.long,
+                                                              device=dev)], 1),
                            torch.ones(1, self.vocab, device=dev))[0, tok]
             if s == float("-inf") or s == torch.finfo(s.dtype).min:
                 return cand[:j]

@@ -111,6 +111,9 @@ def _refuse_processors(procs, user):
 #   is invalid (generate raises) where transformers would have dropped that token.
 # They depend on the step only through the sequence length, which the host knows: no sync.
 # Beam search does not use this: transformers adds the bias to log-probabilities there.
+# Assisted generation applies them (``apply``) to each verified position's scores and to the
+# assistant's, at that position's length (gpu_sampler/hf/drafts.py, process_rows), where
+# transformers runs these processors on the target's K + 1 positions and the assistant's drafts.
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ban:
@@ -133,10 +136,15 @@ class TokenEdits:
     bans: tuple = ()
     built: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def empty(self):
+        """True when no processor was mapped: no step has an edit."""
+        return not self.bias and not self.bans
+
     def kwargs(self, n, logits):
         """sample()'s ``logit_bias`` for a step whose processors would see `n` tokens per row:
         {} when nothing applies, else {"logit_bias": (ids [B, NB], values [B, NB])}."""
-        if not self.bias and not self.bans:
+        if self.empty:
             return {}
         B, V = logits.shape
         key = (V, logits.device) + tuple(
