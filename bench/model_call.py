@@ -21,7 +21,7 @@ T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind o
     python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
         --rows 5 --case '64,128256,0,{"plan_batch": 64, "mixed": true, "seed": 1}'
 """
-from gpu_sampler.kernels.sampling import STATS_SLOTS, STATS_SLOTS_TOPN, fused_sample, plan
+from gpu_sampler.kernels.sampling import fused_sample
 
 
 def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False,
@@ -39,6 +39,4 @@ def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=Fa
     if mixed:
         from bench.rows import mixed_kwargs
         kw = dict(kw, **{k: v.to(logits.device) for k, v in mixed_kwargs(B).items()})
-    # as the launcher plans a top-N call (stage 1 at 4 programs per SM)
-    chunks = plan(plan_batch or B, V, slots=STATS_SLOTS_TOPN if kw.get("top_n") else STATS_SLOTS)["C"]
-    return fused_sample(logits, input_ids=input_ids, chunks=chunks, **kw)
+    return fused_sample(logits, input_ids=input_ids, plan_batch=plan_batch, **kw)

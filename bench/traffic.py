@@ -19,6 +19,7 @@ as a smaller model of the same family is) and cd_alpha 0.1, cd_beta 0.5, and the
 passes over the amateur logits.
 """
 import argparse
+import inspect
 import importlib
 import os
 import sys
@@ -118,9 +119,10 @@ def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False, top_n=0)
     extra = request_edits(rows, V, gen) if with_edits else {}
     if top_n:
         extra["top_n"] = top_n
-    if hasattr(ks, "plan"):
-        slots = getattr(ks, "STATS_SLOTS_TOPN", None) if top_n else None
-        extra["chunks"] = (ks.plan(B, V, slots=slots) if slots else ks.plan(B, V))["C"]
+    if "plan_batch" in inspect.signature(mod.fused_sample).parameters:
+        extra["plan_batch"] = B
+    elif hasattr(ks, "plan"):  # an older kernels/ folder
+        extra["chunks"] = ks.plan(B, V)["C"]
     saved = {n: getattr(ks, n) for n in ("_alloc", "_workspace", "edit_table")
              if hasattr(ks, n)}
 

@@ -58,7 +58,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, TOPN_KB=0,
-                  TOPN_RAW=True, STATE=False, **GEOM)
+                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
@@ -160,9 +160,14 @@ VARIANTS = {
     "merge:state+mask+bias": ("merge", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, STATE=True,
                                             maxnreg=192)),
     "finish:state": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, STATE=True, num_warps=4)),
-    "top_n:raw": ("top_n", dict(RAW=True, KB=64, NSEL=32, GB=32, CB=512, num_warps=4)),
-    "top_n:processed 64": ("top_n", dict(PER_ROW, RAW=False, HAS_MINP=True, KB=64, NSEL=64, CB=512,
-                                         GB=32, num_warps=4)),
+    "stats:top-n raw reuse": ("stats", dict(HAS_REP=False, PURE_OK=False, TOPN_KB=64,
+                                            TOPN_REUSE=True, num_warps=4, maxnreg=64)),
+    "stats:top-n raw reuse+per-row": ("stats", dict(PER_ROW, HAS_REP=False, PURE_OK=False,
+                                                    TOPN_KB=64, TOPN_REUSE=True, num_warps=4,
+                                                    maxnreg=72)),
+    "top_n:raw": ("top_n", dict(RAW=True, KB=64, NSEL=32, GB=32, CB=512, num_warps=8)),
+    "top_n:processed 64": ("top_n", dict(PER_ROW, RAW=False, HAS_MINP=True, KB=64, NSEL=64,
+                                         CB=512, GB=32, num_warps=8)),
     # contrastive decoding fused in (amateur logits, per-row cd_alpha / cd_beta)
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),

@@ -341,7 +341,7 @@ def _merge_kernel(
                          rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
                          tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, wcrow,
                          wcrow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
-                         HAS_BIAS, True, False, R, False, False, 0, False)
+                         HAS_BIAS, True, False, R, False, False, 0, False, False)
             t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
         tl.debug_barrier()  # the block partials above are read back by other threads below
 

@@ -145,6 +145,7 @@ class _Call:
     wide: bool              # the 72-register stage-1 variant
     num_warps: int
     top: "_Top"             # top-N logprobs (kernels/topn.py), kb = 0 when off
+    regs: int               # stage 1's register cap (_stage1_budget)
 
     def flags(self, *names):
         """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
@@ -157,6 +158,7 @@ class _Top(NamedTuple):
     n: int
     kb: int
     raw: bool
+    reuse: bool             # raw logits = xp: the sampling candidates are the raw candidates
     topw: torch.Tensor
     rs: torch.Tensor
     sf: torch.Tensor
@@ -167,21 +169,22 @@ class _Top(NamedTuple):
         return self.kb > 0 and not self.raw
 
 
-def _top(logits, g, n, raw):
-    """The call's _Top: kb = min(next_pow2(N), TILE) keys per block, or off (dummies)."""
+def _top(logits, g, n, raw, reuse):
+    """The call's _Top: the keys per block and their workspace, or off (dummies)."""
     if not n:
-        return _Top(0, 0, True, logits, logits, logits, logits)
+        return _Top(0, 0, True, False, logits, logits, logits, logits)
     B, NT, dev = logits.shape[0], g["NT"], logits.device
-    # raw: up to RAW_SLOTS windowed candidates a block; processed: its next_pow2(N) best keys
-    kb = min(RAW_SLOTS if raw else next_pow2(n), g["TILE"])
-    topw = _workspace((B, NT, kb), torch.int64, dev)
+    # raw: up to RAW_SLOTS windowed candidates a block (the sampling candidates' KT with
+    # ``reuse``); processed: its next_pow2(N) best keys
+    kb = g["KT"] if reuse else min(RAW_SLOTS if raw else next_pow2(n), g["TILE"])
+    topw = logits if reuse else _workspace((B, NT, kb), torch.int64, dev)
     rs = _workspace((B, NRAW.value, NT), torch.float32, dev) if raw else logits
     sf, si = ((logits, logits) if raw else (_workspace((B, NS.value), torch.float32, dev),
                                             _workspace((B, 2), torch.int32, dev)))
-    return _Top(n, kb, raw, topw, rs, sf, si)
+    return _Top(n, kb, raw, reuse, topw, rs, sf, si)
 
 
-def _launch_top_n(c):
+def _launch_top_n(c, cand):
     """The row's N best from the blocks' keys (kernels/topn.py), grid (B,): (ids, logprobs)."""
     g, L, top = c.g, c.logits, c.top
     B, dev = L.shape[0], L.device
@@ -190,11 +193,12 @@ def _launch_top_n(c):
         shape, -1 if dtype == torch.int64 else float("-inf"), dtype=dtype, device=d))
     ids, lp = make((B, top.n), torch.int64, dev), make((B, top.n), torch.float32, dev)
     _top_n_kernel[(B,)](
-        L, L.stride(0), L.shape[1], top.topw, top.rs, top.sf, top.si, *c.p["temp"].pair(),
+        L, L.stride(0), L.shape[1], cand if top.reuse else top.topw, top.rs, top.sf, top.si,
+        *c.p["temp"].pair(),
         *c.p["minp"].pair(), ids, lp, g["NT"], top.n, **c.flags("temp", "minp"),
         HAS_MINP=c.modes["HAS_MINP"], RAW=top.raw, KB=top.kb, NSEL=nsel,
         GB=max(1, min(g["NT_P2"], 2048 // top.kb)), CB=max(nsel, min(512, top.kb * g["NT_P2"])),
-        NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=4)
+        NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=8)
     return ids, lp
 
 
@@ -303,8 +307,9 @@ def _launch_stats(c, wf, wi, cand, hb, ft):
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["seed"].pair(),
         *c.p["off"].pair(), wf, wi, cand, hb, ft, c.top.topw, c.top.rs, *c.cdargs, c.wc,
         KT=g["KT"], NWIN=8, D0_EXP=-2, BANDS=c.bands, TOPN_KB=c.top.kb, TOPN_RAW=c.top.raw,
+        TOPN_REUSE=c.top.reuse,
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
-        **_regs(STATS_REGS_TOPN if c.top.kb else STATS_REGS_PF if c.wide else STATS_REGS),
+        **_regs(c.regs),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
         **c.const)
 
@@ -391,7 +396,7 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
                  amateur_logits=None, cd_alpha=0.1, cd_beta=0.5, allowed_words=None,
                  logit_bias=None, top_n=0, top_n_raw=True, tile=None, npiv=8, max_rounds=64,
-                 num_warps=None, chunks=None, cand=None):
+                 num_warps=None, chunks=None, cand=None, plan_batch=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
     Parameters are already validated by the public layer (gpu_sampler.sample): each is a Python
@@ -401,8 +406,10 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     With ``amateur_logits`` [B, V] (contrastive decoding; cd_alpha / cd_beta validated the same
     way) the rows are the contrastive scores of gpu_sampler/contrastive.py, computed inside the
     same launches: one extra read of the amateur logits, no [B, V] scores in memory.
-    ``tile`` (statistics block), ``chunks`` (programs per row in stage 1) and ``cand``
-    (candidate slots per block) change the geometry, never the result (tests force them).
+    ``tile`` (statistics block), ``chunks`` (programs per row in stage 1), ``cand``
+    (candidate slots per block) and ``plan_batch`` (plan the chunks for that many rows: the
+    GPU model traces 2 rows with a big batch's programs) change the geometry, never the
+    result (tests force them).
     ``allowed_words`` (int32 [B, ceil(V / 32)]) and ``logit_bias`` ((ids int64, values
     float32) [B, NB], padding mapped to id 0 / value 0) are a request's mask and bias
     (gpu_sampler/edits.py), applied by every block as it loads its logits: no extra pass.
@@ -421,20 +428,27 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                             frequency_penalty=frequency_penalty),
                input_ids, prompt_lens, seed, offset, write_probs,
                (amateur_logits, cd_alpha, cd_beta), (allowed_words, logit_bias),
-               (top_n, top_n_raw), dict(tile=tile, chunks=chunks, cand=cand), num_warps)
+               (top_n, top_n_raw), dict(tile=tile, chunks=chunks, cand=cand),
+               num_warps, plan_batch)
     return _run(c, write_probs, npiv, max_rounds)
 
 
 def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edits, top, geom,
-           num_warps):
+           num_warps, plan_batch=None):
     """The call's _Call: modes, plan, parameters, the history and edit tables."""
     (B, V), (amateur_logits, cd_alpha, cd_beta) = logits.shape, cd
     has_rep, has_pf, pure_ok, second, bands, wide, modes = _modes(
         logits, v["temperature"], v["top_k"], v["top_p"], v["min_p"], input_ids,
         v["repetition_penalty"], v["presence_penalty"], v["frequency_penalty"], write_probs,
         amateur_logits is not None, state=bool(top[0]) and not top[1])
-    slots = STATS_SLOTS_TOPN if top[0] else STATS_SLOTS_PF if wide else STATS_SLOTS
-    g = plan(B, V, slots=slots, **geom)
+    # raw top-N rows whose xp is their raw logits (and that write sampling candidates: no
+    # pure-temperature row) share the sampling candidates
+    reuse = bool(top[0]) and top[1] and not (has_rep or has_pf or amateur_logits is not None
+                                             or pure_ok or edits[0] is not None
+                                             or edits[1] is not None)
+    per_row = any(isinstance(x, torch.Tensor) for x in (*v.values(), seed, offset))
+    regs, slots = _stage1_budget(bool(top[0]), reuse, per_row, wide)
+    g = plan(plan_batch or B, V, slots=slots, **geom)
     cdargs, wc, cd_const = _contrastive(logits, amateur_logits, cd_alpha, cd_beta, g["NT"])
     p = _params((prompt_lens if prompt_lens is not None else 0, v["temperature"], v["top_k"],
                  v["top_p"], v["min_p"], v["repetition_penalty"], v["presence_penalty"],
@@ -446,7 +460,18 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
                  HAS_BIAS=edits[1] is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
     # stage 1: small programs, 8 resident per SM at <= 64 registers
     return _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands,
-                 wide, 4 if num_warps is None else num_warps, _top(logits, g, *top))
+                 wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs)
+
+
+def _stage1_budget(top_n, reuse, per_row, wide):
+    """(register cap, resident programs) of stage 1: 64 / 8 per SM; 72 / 7 with both penalty
+    kinds and pure rows (``wide``) or raw top-N on the sampling candidates with per-row
+    parameters (64 spilled 4 bytes); 128 / 4 with its own top-N candidates (kernels/README.md)."""
+    if top_n and not reuse:
+        return STATS_REGS_TOPN, STATS_SLOTS_TOPN
+    if wide or (reuse and per_row):
+        return STATS_REGS_PF, STATS_SLOTS_PF
+    return STATS_REGS, STATS_SLOTS
 
 
 def _run(c, write_probs, npiv, max_rounds):
@@ -477,4 +502,4 @@ def _run(c, write_probs, npiv, max_rounds):
         _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
     if write_probs:
         return _launch_probs(c, sf, si)
-    return (tok, logp, *_launch_top_n(c)) if c.top.kb else (tok, logp)
+    return (tok, logp, *_launch_top_n(c, work[2])) if c.top.kb else (tok, logp)

@@ -93,7 +93,7 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
                  HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                  CD: tl.constexpr, LOCAL: tl.constexpr,
                  R: tl.constexpr, DRAW: tl.constexpr, BANDS: tl.constexpr,
-                 TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr):
+                 TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr, TOPN_REUSE: tl.constexpr):
     """Block t's partials and candidates (module docstring), written to the workspace; for a
     pure-temperature row (``pure``, with PURE_OK) its draw partial instead of candidates.
     Returns (expert block max, min expert logit on the block's head) with CD, zeros otherwise."""
@@ -115,7 +115,8 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     npos = tl.zeros([], tl.int32)
     nnan = tl.zeros([], tl.int32)
     v = xp
-    if (z != z) | (m == float("inf")) | (lo == float("-inf")):
+    redo = (z != z) | (m == float("inf")) | (lo == float("-inf"))
+    if redo:
         x = xp / tdiv
         fin = tl.abs(x) < float("inf")
         nnan = tl.sum((x != x).to(tl.int32), axis=0)
@@ -130,11 +131,13 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
         # processed order; not v, whose overflowed lanes are -inf)
         if TOPN_RAW:
             # the block's raw candidates: the same windows as the sampling candidates (an upper
-            # set of <= TOPN_KB finite logits, and the largest one left out)
+            # set of <= TOPN_KB finite logits, and the largest one left out), or, with
+            # TOPN_REUSE (xp is the raw logits: no penalty, mask, bias or CD), those very ones
             rv, rm = _block_raw(raw, inb, rsw, row, NT, t)
-            _, rn, rg = _block_cands(rv, offs, rm, rv > float("-inf"), 1.0, topw, row, NT, t,
-                                     TILE, TOPN_KB, NWIN, D0_EXP, R)
-            _block_raw_cands(rsw, row, NT, t, rn, rg)
+            if not TOPN_REUSE:
+                _, rn, rg = _block_cands(rv, offs, rm, rv > float("-inf"), 1.0, topw, row, NT,
+                                         t, TILE, TOPN_KB, NWIN, D0_EXP, R)
+                _block_raw_cands(rsw, row, NT, t, rn, rg)
         else:
             _block_top(xp, offs, inb, topw, row, NT, t, TOPN_KB)
     hmask = v > float("-inf")
@@ -147,6 +150,11 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     else:
         nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
                                       NWIN, D0_EXP, R)
+        if TOPN_REUSE:
+            # a redone block (NaN, +inf or an overflowed x) left finite logits out of v: its
+            # raw candidates prove nothing (G = +inf sends the row to the row pass)
+            _block_raw_cands(rsw, row, NT, t, nkeep, tl.where(redo, float("inf"), g))
+        g = g / tdiv
         if BANDS:
             _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
 
@@ -210,7 +218,7 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
 @triton.jit
 def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.constexpr,
                  KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, R: tl.constexpr):
-    """The block's candidates (module docstring): (nfin, ncand, g_t)."""
+    """The block's candidates (module docstring): (nfin, ncand, the largest v not stored)."""
     # windows W_j = {v : fl(vm - v) <= D0 * 2^j} (j < 7, D0 = 2^D0_EXP), the last one every
     # counted lane: keep the widest window holding <= KT values (none if more than KT lie
     # within D0 of the max). k = the first window holding v, read off the exponent of
@@ -234,7 +242,7 @@ def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.conste
     pos = _kept_slots(keep, TILE, R)
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
-    g = tl.max(tl.where(keep, float("-inf"), v), axis=0) / tdiv
+    g = tl.max(tl.where(keep, float("-inf"), v), axis=0)
     return nfin, nkeep, g
 
 
@@ -254,6 +262,7 @@ def _stats_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
+    TOPN_REUSE: tl.constexpr,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -299,20 +308,20 @@ def _stats_kernel(
                              hb_ptr, ft_ptr, topw_ptr, rs_ptr,
                              TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                              False, True, R,
-                             True, False, TOPN_KB, TOPN_RAW)
+                             True, False, TOPN_KB, TOPN_RAW, False)
         else:
             _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
                        c * TPC,
                        t_end, V, rep, pres, freq, tdiv, c2, la, beta,
                        hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE,
                        E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R,
-                       BANDS, TOPN_KB, TOPN_RAW)
+                       BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
     else:
         _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
                    t_end, V, rep, pres, freq, tdiv, c2, la, beta,
                    hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE, E_BLOCK,
                    KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS, TOPN_KB,
-                   TOPN_RAW)
+                   TOPN_RAW, TOPN_REUSE)
 
 
 @triton.jit
@@ -321,7 +330,7 @@ def _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row
                E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                HAS_BIAS: tl.constexpr, CD: tl.constexpr, R: tl.constexpr, BANDS: tl.constexpr,
-               TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr):
+               TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr, TOPN_REUSE: tl.constexpr):
     """Stage 1's blocks [t0, t_end) of a row with thresholds (or greedy): partials and
     candidates per block."""
     zero = tl.zeros([], tl.uint32)
@@ -330,7 +339,7 @@ def _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row
                                  t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0,
                                  zero, zero, hrow, frow, topw, rsw, TILE, E_BLOCK, KT, NWIN,
                                  D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
-                                 CD, True, R, False, BANDS, TOPN_KB, TOPN_RAW)
+                                 CD, True, R, False, BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
         if CD:
             # the block's own expert max and its head's min expert logit: the merge finds the
             # row's max and re-reads only the blocks whose local head is wider than the row's

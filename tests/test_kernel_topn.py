@@ -130,7 +130,27 @@ def test_raw_top_n_of_tied_rows_takes_the_row_pass(monkeypatch):
     x = torch.zeros(2, 300)
     x[1] = torch.randn(300, generator=torch.Generator().manual_seed(6))
     reads = LogitReads(x, monkeypatch)
-    _, _, ids, lp = _run(x, temperature=1.0, top_k=3, seed=1, top_n=5, tile=128)
+    # a penalty makes xp differ from the raw logits: the raw candidates are the top-N's own
+    # (64 slots a block of 128); without one they are the sampling candidates (128 slots here)
+    kw = dict(temperature=1.0, top_k=3, seed=1, top_n=5, tile=128)
+    _, _, ids, lp = _run(x, repetition_penalty=1.1, input_ids=torch.tensor([[299]] * 2), **kw)
     _same((ids, lp), reference.twin_top_n_raw(x, 5))
     assert ids[0].tolist() == [0, 1, 2, 3, 4]
     assert reads.bytes == (x.numel() + 300) * 4      # the tied row read twice, the other once
+    reads.bytes = 0
+    _same(_run(x, **kw)[2:], reference.twin_top_n_raw(x, 5))
+    assert reads.bytes == x.numel() * 4
+
+
+def test_raw_top_n_on_the_sampling_candidates(monkeypatch):
+    """No penalty, mask, bias or pure row: the raw logits are xp, and the raw top-N comes from
+    the sampling candidates themselves (TOPN_REUSE). A row whose x overflows (T 1e-40) redid
+    its blocks without some logits: the row pass; a greedy row; chunk counts agree."""
+    g = torch.Generator().manual_seed(7)
+    x = _rows(4, g)
+    kw = dict(temperature=torch.tensor([0.7, 1e-40, 0.0, 1.0]), top_k=20, seed=2, top_n=20,
+              tile=64)
+    outs = [_run(x, chunks=c, **kw) for c in (1, 9)]
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    _same(outs[0][2:], reference.twin_top_n_raw(x, 20))

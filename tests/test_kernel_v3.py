@@ -257,9 +257,8 @@ def test_min_p_second_read_is_parallel(monkeypatch):
     tw_tok, tw_lp = _twin_tokens(x, **kw)
     assert torch.equal(tok, tw_tok)
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
-    for chunks in (1, 7):
-        tok_c, lp_c = _run(x, tile=64, cand=8, chunks=chunks, **kw)
-        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    tok_c, lp_c = _run(x, tile=64, cand=8, chunks=1, **kw)   # one program a row
+    assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp)
     r = torch.tensor([3, 1, 5])
     sub = {k: v[r] for k, v in kw.items()}
     tok_s, lp_s = _run(x[r], tile=64, cand=8, chunks=3, **sub)
