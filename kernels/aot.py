@@ -24,7 +24,8 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
        "qi_ptr": "*i32", "x_ptr": "*i32", "bf_ptr": "*fp32", "bi_ptr": "*i32",
        "hb_ptr": "*i16", "ft_ptr": "*fp32", "boff_ptr": "*i32", "gf_ptr": "*fp32",
-       "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32", "lp_ptr": "*fp32"}
+       "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32", "lp_ptr": "*fp32",
+       "sx_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -142,10 +143,14 @@ VARIANTS = {
     "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
                                              maxnreg=72)),
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
-    "band_plan": ("band_plan", dict(TB=16, GROW=16, num_warps=4)),
-    "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4)),
+    "band_plan": ("band_plan", dict(TB=16, OB=64, GROW=16, num_warps=8)),
+    # the gather as the launcher caps it (sampling._gather_regs): 64, 72 with pres./freq.
+    "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4,
+                                              maxnreg=64)),
+    "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4,
+                                        maxnreg=72)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
-                                        maxnreg=128)),
+                                        SB=512, SB2=256, NPIV2=16, maxnreg=128)),
     # top-N logprobs from the one read (kernels/topn.py): raw (64 windowed candidates a
     # block), processed N = 20 (32 keys a block) and N = 64
     "stats:top-n raw": ("stats", dict(TOPN_KB=64, num_warps=4, maxnreg=128)),

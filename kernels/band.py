@@ -17,16 +17,18 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
 
 Math (x = fl(xp / T), e = e^(x - M), M and Z as the merge has them: merge._row_mz). Bin j of block t covers
 x ~ [(F_t - j) / 8, (F_t - j + 1) / 8), so its mass is estimated as
-count e^((F_t - j) / 8 - M) 8 (e^(1/8) - 1) (a uniform density inside the bin). The plan takes
-the smallest row edge E with Z - W_est(J >= E) >= p Z (bisection: masked sums over the
-[NT, 128] counts, no scatter-add), Jb = E - 1, and grows [Jb, Jb] by the smaller neighbour
-while the counted tokens stay <= CAP. Every kernel bins a token with common.py's _band_bin on
+count e^((F_t - j) / 8 - M) 8 (e^(1/8) - 1) (a uniform density inside the bin). The plan builds
+the row's counts per row bin J < 256 in one pass (gather loads of each block's bins at its
+shift), takes the smallest row edge E with Z - W_est(J >= E) >= p Z (one reverse cumsum),
+Jb = E - 1, and the band [Jb - a, Jb + c] (a + c <= 16) of <= CAP tokens with the largest
+min(a, c), then a + c. Every kernel bins a token with common.py's _band_bin on
 the same xp and stage 1's F_t, so the band is a set of bins, the same in all of them: the
 counts are exact and the list never overflows. Unclamped, J = Fmax - floor(xp s) whatever the
 block, monotone in xp, so above / band / below are upper sets of xp.
 
-Validation (finish): W_a < p Z <= W_a + W_band (tau lies in the band), then tau = the pivot
-search on the band with target p Z - W_a (merge.py's _cand_search), and
+Validation (finish): W_a < p Z <= W_a + W_band (tau lies in the band: round 1's -inf pivot), then
+tau = pivot rounds with target p Z - W_a (round 1 over the band, the rest over its survivors
+[lo, pv] with W(t) = A + their mass, A the mass above pv), and
 max x below < tau <= min x above (no tie group of x straddles an edge). Then every kept token
 (x >= tau, e >= min_p) is above the band or in it: Z_f = W_a,kept + band kept mass, the token
 the best of the blocks' above-winners and the band's kept lanes (Gumbel noise by id, lowest id
@@ -35,15 +37,16 @@ order (fixed trees), so the result is the same for any chunk count and batch.
 
 Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C); a failed row
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
-260 per block (stage 1's estimate, written once, read by the plan), 28 per block (gather
-partials), 8 per band token (written once, read once per search round + once to draw).
+260 per block (stage 1's estimate, written once, read twice by the plan), 28 per block (gather
+partials), 8 per band token (written once; x read by round 1, the shrink and the draw, ids by
+the draw), 4 per survivor (written once, read once a later round).
 """
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, SHIFT_MAX, _band_bin, _band_shift, _gumbel, _param,
-                     _penalised_tile, _row_key, _row_scale)
-from .merge import B_FMAX, B_M, B_Z, BAND_ROW, NBF, _cand_search, _row_mz, _row_pass
+from .common import (BAND_S, NBIN, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
+                     _pivot_update, _pivots, _row_key, _row_scale)
+from .merge import B_FMAX, B_M, B_Z, BAND_ROW, NBF, _row_mz, _row_pass
 from .stats import F_LO, NF
 
 # the plan's int32 per row [B, NBI]: band found, its row bins [Ja, Jc], its token count
@@ -52,95 +55,92 @@ NBI = tl.constexpr(4)
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
 G_WA, G_WK, G_S, G_X, G_AMIN, G_BMAX = (tl.constexpr(i) for i in range(6))
 NG = tl.constexpr(6)
-# one past the largest row bin (shifts are clamped at SHIFT_MAX)
-J_END = tl.constexpr(int(SHIFT_MAX.value) + NBIN.value)
+# the plan's window of row bins: J < JW, 32 units of x below the row's top bin (a bin past it
+# is estimated at most V e^-32 of Z: never the boundary for V < 2^22 at any fp32 p < 1)
+JW = tl.constexpr(256)
+# the band's bins at most (GROW + 1 <= GW): the width of the band choice and of the offsets
+GW = tl.constexpr(32)
 # 8 (e^(1/8) - 1): a bin's mass over its lower edge's e^(x - M), uniform density
 BIN_MASS = tl.constexpr(1.0651876887826498)
 
 
 @triton.jit
-def _bins_chunk(hrow, frow, NT, t0, fmax, TB: tl.constexpr):
-    """Blocks [t0, t0 + TB): their counts [TB, NBIN] (float), row bins J [TB, NBIN] and
-    shifts [TB]."""
-    tb = t0 + tl.arange(0, TB)
-    tin = tb < NT
-    F = tl.load(frow + tb, mask=tin, other=float("-inf"))
-    sh = _band_shift(fmax, F)
-    j = tl.arange(0, NBIN)
-    h = tl.load(hrow + tb[:, None] * NBIN + j[None, :], mask=tin[:, None], other=0)
-    return h.to(tl.float32), j[None, :] + sh[:, None], sh
-
-
-@triton.jit
-def _est_tail(hrow, frow, NT, fmax, M, E, TB: tl.constexpr):
-    """Estimated mass of the row bins J >= E (module docstring). The bin's e^((Fmax - J)/8 - M)
-    factors into a per-block e^((Fmax - shift_t)/8 - M) and a per-bin e^(-j/8): TB + NBIN
-    exponentials a chunk instead of TB * NBIN (the exp pipe bounded the bisection)."""
-    acc = tl.zeros([TB, NBIN], tl.float32)
-    eb = tl.exp(-tl.arange(0, NBIN).to(tl.float32) / BAND_S)
+def _row_counts(hrow, frow, NT, fmax, TB: tl.constexpr):
+    """The row's token count per row bin J < JW, one pass over the [NT, NBIN] counts (2 NT NBIN
+    bytes from L2): block t's bin j is row bin J = j + shift_t, so each chunk of TB blocks
+    loads h[t, J - shift_t] for every J of the window, a gather load: no scatter-add (the
+    first plan re-read the counts once per bisection step and per grow step, 25 passes)."""
+    J = tl.arange(0, JW)
+    cnt = tl.zeros([JW], tl.int32)
     for t0 in range(0, NT, TB):
-        h, J, sh = _bins_chunk(hrow, frow, NT, t0, fmax, TB)
-        ea = tl.exp((fmax - sh.to(tl.float32)) / BAND_S - M)
-        acc += tl.where(J >= E, h * ea[:, None] * eb[None, :], 0.0)
-    return tl.sum(tl.sum(acc, axis=1), axis=0) * BIN_MASS
+        tb = t0 + tl.arange(0, TB)
+        F = tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
+        j = J[None, :] - _band_shift(fmax, F)[:, None]
+        ok = (tb < NT)[:, None] & (j >= 0) & (j < NBIN)
+        h = tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0)
+        cnt += tl.sum(h.to(tl.int32), axis=0)
+    return cnt
 
 
 @triton.jit
-def _count2(hrow, frow, NT, fmax, a, c, TB: tl.constexpr):
-    """Token counts of row bins a and c (one pass over the counts)."""
-    na = tl.zeros([TB, NBIN], tl.float32)
-    nc = tl.zeros([TB, NBIN], tl.float32)
-    for t0 in range(0, NT, TB):
-        h, J, _sh = _bins_chunk(hrow, frow, NT, t0, fmax, TB)
-        na += tl.where(J == a, h, 0.0)
-        nc += tl.where(J == c, h, 0.0)
-    return tl.sum(tl.sum(na, axis=1), axis=0), tl.sum(tl.sum(nc, axis=1), axis=0)
+def _boundary_bin(cnt, fmax, M, Z, p):
+    """Jb = E - 1, E the smallest row edge with Z - W_est(J >= E) >= p Z, W_est(J >= E) the
+    suffix sum of cnt[J] e^((Fmax - J) / 8 - M) BIN_MASS over the window (non-increasing in
+    E, 0 at JW, so E <= JW): one scan, no bisection."""
+    J = tl.arange(0, JW)
+    w = cnt.to(tl.float32) * (tl.exp((fmax - J.to(tl.float32)) / BAND_S - M) * BIN_MASS)
+    tail = tl.cumsum(w, 0, reverse=True)
+    E = tl.min(tl.where(Z - tail >= p * Z, J, JW), axis=0)
+    return tl.maximum(E - 1, 0)
 
 
 @triton.jit
-def _boundary_bin(hrow, frow, NT, fmax, M, Z, p, hi, TB: tl.constexpr):
-    """Jb = E - 1, E the smallest row edge in [0, hi] with Z - W_est(J >= E) >= p Z (bisection:
-    W_est(J >= E) is non-increasing in E and 0 at hi, one past the row's largest bin)."""
-    lo = tl.zeros([], tl.int32)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        ok = Z - _est_tail(hrow, frow, NT, fmax, M, mid, TB) >= p * Z
-        hi = tl.where(ok, mid, hi)
-        lo = tl.where(ok, lo, mid + 1)
-    return tl.maximum(lo - 1, 0)
+def _choose_band(cnt, jb, CAP, GROW: tl.constexpr):
+    """[Ja, Jc] = [Jb - a, Jb + c] with a + c <= GROW inside the window holding <= CAP
+    tokens, the most balanced first (max min(a, c), then a + c, then a): the estimate errs on
+    both sides. All (a, c) at once from the prefix counts (the first plan grew the band a bin
+    at a time, a pass over the counts per step). Returns (Ja, Jc, count, the band exists)."""
+    incl = tl.cumsum(cnt, 0)
+    i = tl.arange(0, GW)
+    pa = tl.gather(incl - cnt, tl.minimum(tl.maximum(jb - i, 0), JW - 1), 0)  # tokens J < Ja
+    qc = tl.gather(incl, tl.minimum(jb + i, JW - 1), 0)  # tokens J <= Jc
+    a = i[:, None]
+    c = i[None, :]
+    n2 = qc[None, :] - pa[:, None]
+    ok = (a + c <= GROW) & (jb - a >= 0) & (jb + c < JW) & (n2 <= CAP)
+    score = tl.where(ok, (tl.minimum(a, c) * 64 + a + c) * 64 + a, -1)
+    best = tl.max(tl.max(score, axis=1), axis=0)
+    n = tl.sum(tl.sum(tl.where(score == best, n2, 0), axis=1), axis=0)
+    ba = best % 64
+    return jb - ba, jb + (best // 64) % 64 - ba, n, best >= 0
 
 
 @triton.jit
-def _grow_band(hrow, frow, NT, fmax, jb, CAP, TB: tl.constexpr, GROW: tl.constexpr):
-    """[Ja, Jc] from [Jb, Jb]: add the neighbour bin with fewer tokens while the band's count
-    stays <= CAP (at most GROW steps). Returns (Ja, Jc, count, Jb alone fits)."""
-    n, _ = _count2(hrow, frow, NT, fmax, jb, jb, TB)
-    fits = n <= CAP
-    ja = jb
-    jc = jb
-    more = fits
-    steps = tl.zeros([], tl.int32)
-    while more & (steps < GROW):
-        ca, cc = _count2(hrow, frow, NT, fmax, ja - 1, jc + 1, TB)
-        ca = tl.where(ja > 0, ca, CAP + 1.0)
-        cc = tl.where(jc < J_END - 1, cc, CAP + 1.0)
-        take_a = (n + ca <= CAP) & ((ca <= cc) | (n + cc > CAP))
-        take_c = (~take_a) & (n + cc <= CAP)
-        ja = tl.where(take_a, ja - 1, ja)
-        jc = tl.where(take_c, jc + 1, jc)
-        n += tl.where(take_a, ca, tl.where(take_c, cc, 0.0))
-        more = take_a | take_c
-        steps += 1
-    return ja, jc, n, fits
+def _band_offsets(hrow, frow, orow, NT, fmax, ja, jc, OB: tl.constexpr):
+    """Per block, the exclusive cumsum (block order) of its tokens in row bins [Ja, Jc]: where
+    the gather appends its band tokens. One gather load of GW bins per block. Returns the
+    band's token count."""
+    i = tl.arange(0, GW)
+    carry = tl.zeros([], tl.int32)
+    for t0 in range(0, NT, OB):
+        tb = t0 + tl.arange(0, OB)
+        F = tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
+        j = (ja + i)[None, :] - _band_shift(fmax, F)[:, None]
+        ok = (tb < NT)[:, None] & (i[None, :] <= jc - ja) & (j >= 0) & (j < NBIN)
+        bc = tl.sum(tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0).to(tl.int32),
+                    axis=1)
+        tl.store(orow + tb, carry + tl.cumsum(bc, 0) - bc, mask=tb < NT)
+        carry += tl.sum(bc, axis=0)
+    return carry
 
 
 @triton.jit(do_not_specialize=["topp_s"])
 def _band_plan_kernel(NT, CAP, tok_ptr, topp_ptr, topp_s, bf_ptr, bi_ptr, hb_ptr, ft_ptr,
                       off_ptr, wf_ptr, TOPP_T: tl.constexpr, NT_P2: tl.constexpr, TB: tl.constexpr,
-                      GROW: tl.constexpr):
+                      OB: tl.constexpr, GROW: tl.constexpr):
     """Grid (B,). For a row the merge flagged (token -3): M and Z from the blocks (as the
-    merge), then its [NT, 128] counts and F_t
-    (about 9 + GROW times, from L1 / L2) and writes the band [Ja, Jc], its count and the
+    merge), then its [NT, 128] counts and F_t twice (the row histogram of the window, then the
+    band's GW bins per block, from L2) and writes the band [Ja, Jc], its count and the
     per-block offsets (exclusive cumsum of the blocks' band counts, block order); no logits.
     The band fails (the row pass in the finish) when Jb alone holds more than CAP tokens or the
     row's Fmax is not finite."""
@@ -151,28 +151,19 @@ def _band_plan_kernel(NT, CAP, tok_ptr, topp_ptr, topp_s, bf_ptr, bi_ptr, hb_ptr
         _m_t, M, Z = _row_mz(wf_ptr + row * NF * NT, NT, tt, tt < NT)  # as the merge has them
         hrow = hb_ptr + row * NT * NBIN
         frow = ft_ptr + row * NT
-        f_t = tl.load(frow + tt, mask=tt < NT, other=float("-inf"))
-        fmax = tl.max(f_t, axis=0)
-        # one past the largest row bin of a block with a finite token: the bisection's range
-        # (~140 bins on flat rows, 8 steps, instead of J_END's 14)
-        hi = tl.max(tl.where(f_t > float("-inf"), _band_shift(fmax, f_t), 0), axis=0) + NBIN
-        jb = _boundary_bin(hrow, frow, NT, fmax, M, Z, p, tl.minimum(hi, J_END), TB)
-        ja, jc, n, ok = _grow_band(hrow, frow, NT, fmax, jb, CAP, TB, GROW)
+        fmax = tl.max(tl.load(frow + tt, mask=tt < NT, other=float("-inf")), axis=0)
+        cnt = _row_counts(hrow, frow, NT, fmax, TB)
+        jb = _boundary_bin(cnt, fmax, M, Z, p)
+        ja, jc, _n, ok = _choose_band(cnt, jb, CAP, GROW)
         ok = ok & (fmax < float("inf")) & (fmax > float("-inf"))
-        carry = tl.zeros([], tl.int32)
-        for t0 in range(0, NT, TB):
-            h, J, _sh = _bins_chunk(hrow, frow, NT, t0, fmax, TB)
-            bc = tl.sum(tl.where((J >= ja) & (J <= jc), h, 0.0), axis=1).to(tl.int32)
-            tb = t0 + tl.arange(0, TB)
-            tl.store(off_ptr + row * NT + tb, carry + tl.cumsum(bc, 0) - bc, mask=tb < NT)
-            carry += tl.sum(bc, axis=0)
+        n = _band_offsets(hrow, frow, off_ptr + row * NT, NT, fmax, ja, jc, OB)
         tl.store(bf_ptr + row * NBF + B_M, M)
         tl.store(bf_ptr + row * NBF + B_Z, Z)
         tl.store(bf_ptr + row * NBF + B_FMAX, fmax)
         tl.store(bi_ptr + row * NBI + I_OK, ok.to(tl.int32))
         tl.store(bi_ptr + row * NBI + I_JA, ja)
         tl.store(bi_ptr + row * NBI + I_JC, jc)
-        tl.store(bi_ptr + row * NBI + I_N, carry)
+        tl.store(bi_ptr + row * NBI + I_N, n)
 
 
 @triton.jit
@@ -250,49 +241,128 @@ def _band_gather_kernel(
 
 
 @triton.jit
+def _draw_lanes(x, ids, keep, M, k0, k1, zl, sl, il, xl):
+    """Per-lane running Z_f and winner (best score, its id, its x) over kept lanes: Gumbel
+    noise by id, the lower id on an exact tie. One CTA reduction at the end (_draw_reduce)
+    instead of five per list block."""
+    zl += tl.where(keep, tl.exp(x - M), 0.0)
+    score = (x - M) + _gumbel(k0, k1, ids)
+    upd = keep & ((score > sl) | ((score == sl) & (ids < il)))
+    return zl, tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
+
+
+@triton.jit
+def _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx):
+    """Fold the lanes of _draw_lanes into (Z_f, best score, token, its x): Z_f += one tree
+    over the lanes (a fixed order), the best score with the lowest id on ties."""
+    tb = tl.max(sl, axis=0)
+    tid = tl.min(tl.where(sl == tb, il, 2147483647), axis=0)
+    upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
+    bidx = tl.where(upd, tid.to(tl.int64), bidx)
+    bx = tl.where(upd, tl.max(tl.where((sl == tb) & (il == tid), xl, float("-inf")), axis=0),
+                  bx)
+    return z_f + tl.sum(zl, axis=0), tl.maximum(best, tb), bidx, bx
+
+
+@triton.jit
+def _draw_init(CB: tl.constexpr):
+    return (tl.zeros([CB], tl.float32), tl.full([CB], float("-inf"), tl.float32),
+            tl.full([CB], 2147483647, tl.int32), tl.zeros([CB], tl.float32))
+
+
+@triton.jit
+def _pivot_pass(xs_ptr, base, n, M, piv, SB: tl.constexpr, NPIV: tl.constexpr):
+    """One pass over a list for NPIV pivots: (mass of x >= t, min x >= t, max x < t) per
+    pivot. Each lane keeps its own [NPIV] partials across the list's blocks and the CTA
+    reduces them once (merge._cand_search reduces three [CB, NPIV] tensors per block: its
+    rounds were 60% of the finish). Mass: per lane in list order, then one tree (fixed)."""
+    mass = tl.zeros([SB, NPIV], tl.float32)
+    nxt = tl.full([SB, NPIV], float("inf"), tl.float32)
+    prv = tl.full([SB, NPIV], float("-inf"), tl.float32)
+    for b0 in range(0, n, SB):
+        idx = b0 + tl.arange(0, SB)
+        x = tl.load(xs_ptr + base + idx, mask=idx < n, other=float("-inf"))
+        ge = x[:, None] >= piv[None, :]
+        mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
+        nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
+        prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
+    return tl.sum(mass, axis=0), tl.min(nxt, axis=0), tl.max(prv, axis=0)
+
+
+@triton.jit
+def _band_search(xs_ptr, base, n, M, A, lo, pv, target, SB: tl.constexpr, NPIV: tl.constexpr,
+                 ROUNDS: tl.constexpr):
+    """Pivot rounds for tau = max{t : W(t) >= target}, W(t) = A + the list's mass of x >= t
+    (needs W(lo) >= target), as merge.py's (common._pivots / _pivot_update: pivots in (lo, pv],
+    snapped onto data values). Returns (lo, pv): tau in [lo, pv], both data values."""
+    rounds = tl.zeros([], tl.int32)
+    while (lo < pv) & (rounds < ROUNDS):
+        w, nxt, prv = _pivot_pass(xs_ptr, base, n, M, _pivots(lo, pv, NPIV), SB, NPIV)
+        w = A + w
+        lo, pv, _ = _pivot_update(w, w, nxt, prv, lo, pv, A, target, NPIV, False)
+        rounds += 1
+    return lo, pv
+
+
+@triton.jit
+def _band_round1(xs_ptr, base, n, M, fmax, ja, jc, target, SB: tl.constexpr,
+                 NPIV: tl.constexpr):
+    """The first round over the whole band, with no pass before it: pivots -inf (W = the
+    band's mass, snapped to its min), +inf (fails, snapped to its max) and NPIV - 2 evenly
+    between the band's bin edges in x, (Fmax - Jc) / 8 and (Fmax - Ja + 1) / 8 (an estimate's
+    grid: where they fall only decides how far the round narrows). Returns (tau's bracket
+    [lo, pv], tau lies in the band: W_band >= target > 0)."""
+    j = tl.arange(0, NPIV)
+    xl = (fmax - jc.to(tl.float32)) / BAND_S
+    xh = (fmax - ja.to(tl.float32) + 1.0) / BAND_S
+    piv = xl + (xh - xl) * j.to(tl.float32) / (NPIV - 1)
+    piv = tl.where(j == 0, float("-inf"), tl.where(j == NPIV - 1, float("inf"), piv))
+    w, nxt, prv = _pivot_pass(xs_ptr, base, n, M, piv, SB, NPIV)
+    ok = (target > 0.0) & (tl.sum(tl.where(j == 0, w, 0.0), axis=0) >= target)
+    inf = tl.full([], float("inf"), tl.float32)
+    lo, pv, _ = _pivot_update(w, w, nxt, prv, -inf, inf, target, target, NPIV, False)
+    return lo, pv, ok
+
+
+@triton.jit
+def _band_shrink(xs_ptr, base, n, sx_ptr, M, lo, pv, CB: tl.constexpr):
+    """After round 1 (tau in [lo, pv]): the list's x in [lo, pv] copied to sx in list order,
+    and A = the mass of x > pv (per lane, one tree), so the later rounds' W(t) = A + the mass
+    of sx >= t scans ~1/NPIV of the band instead of all of it. Returns (count, A)."""
+    m = tl.zeros([], tl.int32)
+    a = tl.zeros([CB], tl.float32)
+    for b0 in range(0, n, CB):
+        idx = b0 + tl.arange(0, CB)
+        ok = idx < n
+        x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
+        sel = ok & (x >= lo) & (x <= pv)
+        pos = m + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(sx_ptr + base + pos, x, mask=sel)
+        m += tl.sum(sel.to(tl.int32), axis=0)
+        a += tl.where(ok & (x > pv), tl.exp(x - M), 0.0)
+    return m, tl.sum(a, axis=0)
+
+
+@triton.jit
 def _band_draw(xs_ptr, is_ptr, base, n, M, tau, minp, k0, k1, z_f, best, bidx, bx,
                CB: tl.constexpr):
-    """The band list's kept lanes (x >= tau, e >= min_p) into (Z_f, best score, token, its x):
-    Gumbel noise by id, the lowest id on an exact score tie."""
+    """The band list's kept lanes (x >= tau, e >= min_p) into (Z_f, best score, token, its x),
+    with the gather's above-winner as the start."""
+    zl, sl, il, xl = _draw_init(CB)
     for b0 in range(0, n, CB):
         idx = b0 + tl.arange(0, CB)
         ok = idx < n
         x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
         ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
-        e = tl.exp(x - M)
-        keep = ok & (x >= tau) & (e >= minp)
-        z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
-        score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
-        tb = tl.max(score, axis=0)
-        tid = tl.min(tl.where(keep & (score == tb), ids, 2147483647), axis=0)
-        upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
-        bidx = tl.where(upd, tid.to(tl.int64), bidx)
-        bx = tl.where(upd, tl.max(tl.where(keep & (ids == tid), x, float("-inf")), axis=0), bx)
-        best = tl.maximum(best, tb)
-    return z_f, best, bidx, bx
+        keep = ok & (x >= tau) & (tl.exp(x - M) >= minp)
+        zl, sl, il, xl = _draw_lanes(x, ids, keep, M, k0, k1, zl, sl, il, xl)
+    return _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx)
 
 
 @triton.jit
-def _band_mass(xs_ptr, base, n, M, CB: tl.constexpr):
-    """(sum e^(x - M), min x, max x) over the band list (per-lane sums, then one tree: a fixed
-    order)."""
-    w = tl.zeros([CB], tl.float32)
-    lo = tl.full([CB], float("inf"), tl.float32)
-    hi = tl.full([CB], float("-inf"), tl.float32)
-    for b0 in range(0, n, CB):
-        idx = b0 + tl.arange(0, CB)
-        x = tl.load(xs_ptr + base + idx, mask=idx < n, other=float("-inf"))
-        w += tl.exp(x - M)
-        lo = tl.minimum(lo, tl.where(idx < n, x, float("inf")))
-        hi = tl.maximum(hi, x)
-    return tl.sum(w, axis=0), tl.min(lo, axis=0), tl.max(hi, axis=0)
-
-
-@triton.jit
-def _band_result(gf, gi, bi, xs_ptr, is_ptr, base, NT, M, Z, p, minp, k0, k1,
-                 NT_P2: tl.constexpr, CB: tl.constexpr, NPIV: tl.constexpr,
-                 MAX_ROUNDS: tl.constexpr):
-    """The validated band answer (module docstring): (ok, Z_f, token, its x)."""
+def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
+    """The gather's per-block partials of the tokens above the band: (W_above, their kept
+    mass, min x above, max x below, best score, its token, its x), blocks in index order."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
     wa = tl.sum(tl.load(gf + G_WA * NT + tt, mask=tin, other=0.0), axis=0)
@@ -306,21 +376,27 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, base, NT, M, Z, p, minp, k0, k1,
     bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bidx),
                          tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf")),
                          float("-inf")), axis=0)
-    bidx = tl.where(best > float("-inf"), bidx, -1)
+    return wa, z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx, -1), bx
+
+
+@triton.jit
+def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, base, NT, M, Z, p, minp, k0, k1, fmax,
+                 NT_P2: tl.constexpr, CB: tl.constexpr, SB: tl.constexpr, NPIV: tl.constexpr,
+                 SB2: tl.constexpr, NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    """The validated band answer (module docstring): (ok, Z_f, token, its x). Passes over the
+    band list: round 1, the shrink, the draw; the later rounds scan the survivors (sx)."""
+    wa, z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
     n = tl.load(bi + I_N)
-    wb, lo, hi = _band_mass(xs_ptr, base, n, M, CB)
     target = p * Z - wa
-    ok = (target > 0.0) & (wb >= target)
-    tau = lo
+    lo, pv, ok = _band_round1(xs_ptr, base, n, M, fmax, tl.load(bi + I_JA), tl.load(bi + I_JC),
+                              target, SB, NPIV)
     if ok:
-        # pivots in (min, max] of the band (a data value, like the merge's M): none wasted
-        # above it
-        tau, _ = _cand_search(xs_ptr, base, n, M, lo, hi, wb, target, False, CB, NPIV,
-                              MAX_ROUNDS)
-        ok = (tau > bmax) & (tau <= amin)
-    if ok:
-        z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, n, M, tau, minp, k0, k1, z_f,
-                                         best, bidx, bx, CB)
+        m, A = _band_shrink(xs_ptr, base, n, sx_ptr, M, lo, pv, CB)
+        lo, pv = _band_search(sx_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS - 1)
+        ok = (lo > bmax) & (lo <= amin)  # tau = lo; no tie group straddles an edge
+        if ok:
+            z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, n, M, lo, minp, k0, k1, z_f,
+                                             best, bidx, bx, CB)
     return ok, z_f, bidx, bx
 
 
@@ -337,12 +413,13 @@ def _band_finish_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-    tok_ptr, logp_ptr, bf_ptr, bi_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, wf_ptr,
+    tok_ptr, logp_ptr, bf_ptr, bi_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, sx_ptr, wf_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
-    CB: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+    CB: tl.constexpr, SB: tl.constexpr, NPIV: tl.constexpr, SB2: tl.constexpr,
+    NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr,
 ):
     """Grid (B,). For a band row: 7 words per block and the band list (once to sum, once per
     search round, once to draw: from L2), then its token and logprob; no logits unless the band
@@ -364,9 +441,11 @@ def _band_finish_kernel(
         bidx = row * 0 - 1
         bx = tl.zeros([], tl.float32)
         if ok:
-            ok, z_f, bidx, bx = _band_result(gf_ptr + row * NG * NT, gi_ptr + row * NT,
-                                             bi_ptr + row * NBI, xs_ptr, is_ptr, row * CAP, NT,
-                                             M, Z, p, minp, k0, k1, NT_P2, CB, NPIV, MAX_ROUNDS)
+            ok, z_f, bidx, bx = _band_result(
+                gf_ptr + row * NG * NT, gi_ptr + row * NT, bi_ptr + row * NBI,
+                xs_ptr, is_ptr, sx_ptr, row * CAP, NT, M, Z, p, minp, k0, k1,
+                tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, SB, NPIV, SB2, NPIV2,
+                MAX_ROUNDS)
         if ~ok:
             lrow = logits_ptr + row * stride_lb
             no = tl.zeros([], tl.int1)

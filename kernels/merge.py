@@ -461,6 +461,14 @@ def _merge_kernel(
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
+        # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a bin-i
+        # candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
+        # compaction (a third of this program on flat rows; the band read takes the row)
+        nslot = NT * KT
+        if p_act & (~k_act) & (G > float("-inf")):
+            ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
+            ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
+            nslot = tl.where(ub < p * Z, 0, nslot)
         # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
         # candidates (a block whose window overflowed, e.g. one dominant token and a long
         # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
@@ -490,7 +498,7 @@ def _merge_kernel(
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)
         else:
-            for b0 in range(0, NT * KT, CB):
+            for b0 in range(0, nslot, CB):
                 ok, x, ids = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
                 n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
                                             n_c, vmin, vmass)

@@ -356,21 +356,34 @@ def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
     boff = _workspace((B, NT), torch.int32, dev)
     gf = _workspace((B, NG.value, NT), torch.float32, dev)
     gi = _workspace((B, NT), torch.int32, dev)
+    sx = _workspace((B, cap), torch.float32, dev)  # the finish's shrunk search list
     _band_plan_kernel[(B,)](NT, cap, tok, *c.p["topp"].pair(), bf, bi, hb, ft, boff, wf,
-                            **c.flags("topp"), NT_P2=g["NT_P2"], TB=16, GROW=16, num_warps=4)
+                            **c.flags("topp"), NT_P2=g["NT_P2"], TB=16, OB=64, GROW=16,
+                            num_warps=8)
     _band_gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
         gf, gi, *xs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        num_warps=c.num_warps, **_band_const(c))
-    # the row pass's geometry, as the merge's (16 warps modelled slower: 44.2 against 38.0 us)
+        num_warps=c.num_warps, **_gather_regs(c), **_band_const(c))
+    # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
+    # pivot partials, the later rounds over the survivors [256, 16] (22.8 against 23.2 us)
     warps = 8 if g["TILE"] >= 1024 else 4
     _band_finish_kernel[(B,)](
         L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, gf,
-        gi, *xs, wf, **c.flags("topp", "minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        NT_P2=g["NT_P2"], CB=1024, NPIV=npiv, MAX_ROUNDS=max_rounds, num_warps=warps,
-        **_regs(MERGE_REGS), **_band_const(c))
+        gi, *xs, sx, wf, **c.flags("topp", "minp", "seed", "off"),
+        HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=1024, SB=512, NPIV=npiv, SB2=256,
+        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, num_warps=warps, **_regs(MERGE_REGS),
+        **_band_const(c))
+
+
+def _gather_regs(c):
+    """The band gather's register cap: 64 (8 programs per SM, as stage 1; B = 64 runs one
+    wave) where that spills nothing, 72 with presence / frequency penalties, none with a mask or
+    a bias (a cap spills there: kernels/README.md)."""
+    if c.const["HAS_MASK"] or c.const["HAS_BIAS"]:
+        return {}
+    return _regs(72 if c.const["HAS_PF"] else 64)
 
 
 def _band_const(c):

@@ -113,3 +113,118 @@ def test_band_misestimate_fails_validation_and_takes_the_row_pass(monkeypatch):
     assert reads.bytes["_band_gather_kernel"] == V * 4  # the plan found a band
     assert reads.bytes["_band_finish_kernel"] >= 2 * V * 4  # validation failed: the row pass
     _check(x, kw, tok, lp)
+
+
+class SlotReads:
+    """Bytes each kernel loads from stage 1's candidate slots (the launcher's int64 [B, NT, KT]
+    workspace), by address (interpreter hooks)."""
+
+    def __init__(self, monkeypatch):
+        import numpy as np
+        from triton.runtime import interpreter as ti
+        from test_kernel_v2 import _ks
+        ks = _ks()
+        from gpu_sampler.kernels.stats import I_NCAND, NI
+        self.bytes, ranges, cur, wi = {}, [], ["?"], []
+        alloc, load, call = ks._workspace, ti.InterpreterBuilder.create_masked_load, \
+            ti.GridExecutor.__call__
+
+        def workspace(shape, dtype, device):
+            t = alloc(shape, dtype, device)
+            if dtype == torch.int64 and len(shape) == 3:  # one a call: the latest call's
+                lo = t.untyped_storage().data_ptr()
+                ranges[:] = [(lo, lo + t.untyped_storage().nbytes())]
+            if dtype == torch.int32 and len(shape) == 3 and shape[1] == NI.value:
+                wi.append(t)
+            return t
+
+        def masked_load(b, ptrs, mask, other, cache_policy, is_volatile):
+            a = np.asarray(ptrs.data, dtype=np.uint64)
+            m = np.broadcast_to(np.asarray(mask.data, dtype=bool), a.shape)
+            for lo, hi in ranges:
+                n = int((m & (a >= lo) & (a < hi)).sum()) * 8
+                self.bytes[cur[0]] = self.bytes.get(cur[0], 0) + n
+            return load(b, ptrs, mask, other, cache_policy, is_volatile)
+
+        def run(ex, *args, **kwargs):
+            cur[0] = ex.fn.__name__
+            return call(ex, *args, **kwargs)
+
+        self.ncand = lambda: int(wi[-1][:, I_NCAND.value].sum())  # stored by the last call
+        monkeypatch.setattr(ks, "_workspace", workspace)
+        monkeypatch.setattr(ti.InterpreterBuilder, "create_masked_load", masked_load)
+        monkeypatch.setattr(ti.GridExecutor, "__call__", run)
+
+
+def test_band_ties_at_tau(monkeypatch):
+    """Logits on a 1/16 grid (every value tied ~30-100 times, so tau always sits on a tie group
+    inside the band) at T 1.0 and 0.7: the band read (no row pass), the twin's tokens, the same
+    at 1 / 3 chunks and on a sub-batch."""
+    g = torch.Generator().manual_seed(64)
+    V = 4099
+    x = torch.round(torch.randn(3, V, generator=g) * 16) / 16
+    kw = dict(temperature=torch.tensor([1.0, 0.7, 1.0]), top_p=torch.tensor([0.95, 0.9, 0.6]),
+              seed=torch.arange(3) + 2, offset=torch.tensor([4, 5, 6]))
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert reads.bytes["_band_gather_kernel"] == x.numel() * 4  # every row took the band
+    assert reads.bytes.get("_band_finish_kernel", 0) == 0  # and its validation passed
+    _check(x, kw, tok, lp)
+    for chunks in (1, 3):
+        tok_c, lp_c = _run(x, chunks=chunks, **GEOM, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp), chunks
+    r = torch.tensor([1])
+    tok_s, lp_s = _run(x[r], **GEOM, **{k: v[r] for k, v in kw.items()})
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+def test_merge_compacts_only_candidates_that_can_hold_p(monkeypatch):
+    """Row 0 (flat): an upper bound of the candidates' mass (their histogram) is below p Z, so
+    the merge skips the compaction (it reads the slots once, for the histogram). Row 1: the
+    candidates (6 tokens at -0.1 in each 64-token block, the max 0; 8 slots a block) hold 174.8
+    of Z ~ 193, their bound 193 >= p Z ~ 183: the merge compacts them (a second read), finds
+    174.8 < p Z and hands the row to the band read (the tail, N(-5.14, 1), holds the rest).
+    Both the twin's tokens."""
+    g = torch.Generator().manual_seed(65)
+    V = 2048
+    x = torch.randn(2, V, generator=g)
+    x[1] = -5.14 + torch.randn(V, generator=g)
+    x[1].view(-1, 64)[:, 1:7] = -0.1
+    x[1, 0] = 0.0
+    kw = dict(temperature=1.0, top_p=0.95, seed=torch.tensor([1, 2]), offset=0)
+    reads = KernelReads(x, monkeypatch)
+    slots = SlotReads(monkeypatch)
+    tok, lp = _run(x[:1], **GEOM, **{**kw, "seed": kw["seed"][:1]})
+    assert slots.bytes["_merge_kernel"] == 8 * slots.ncand()  # the histogram's read only
+    assert reads.bytes["_band_gather_kernel"] == V * 4
+    slots.bytes.clear()
+    tok1, lp1 = _run(x[1:], **GEOM, **{**kw, "seed": kw["seed"][1:]})
+    assert slots.bytes["_merge_kernel"] == 2 * 8 * slots.ncand()  # + the compaction's
+    assert reads.bytes["_band_gather_kernel"] == 2 * V * 4  # row 1 took the band too
+    _check(x, kw, torch.cat([tok, tok1]), torch.cat([lp, lp1]))
+
+
+def test_band_per_row_mix_min_p_and_sub_batches(monkeypatch):
+    """One call mixing band rows (flat at p 0.95; tied values; flat with a min-p cut above tau,
+    so the finish's draw drops band lanes by min-p) with rows the candidates finish (N(0, 3^2)
+    at T 0.6 p 0.9) and a greedy row: the twin's tokens, bit-identical at 2 chunks and on
+    sub-batches in another order."""
+    g = torch.Generator().manual_seed(66)
+    V = 2500
+    x = torch.randn(5, V, generator=g)
+    x[1] = torch.round(x[1] * 16) / 16
+    x[3] *= 3
+    kw = dict(temperature=torch.tensor([1.0, 1.0, 1.0, 0.6, 0.0]),
+              top_p=torch.tensor([0.95, 0.9, 0.95, 0.9, 1.0]),
+              min_p=torch.tensor([0.0, 0.0, 0.02, 0.0, 0.0]),
+              seed=torch.arange(5) + 20, offset=torch.tensor([1, 2, 3, 4, 5]))
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert reads.bytes["_band_gather_kernel"] == 3 * V * 4  # rows 0-2
+    assert reads.bytes.get("_band_finish_kernel", 0) == 0
+    _check(x, kw, tok, lp)
+    tok_c, lp_c = _run(x, chunks=2, **GEOM, **kw)
+    assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp)
+    for r in (torch.tensor([4, 2, 0]), torch.tensor([1, 3])):
+        tok_s, lp_s = _run(x[r], **GEOM, **{k: v[r] for k, v in kw.items()})
+        assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r]), r
