@@ -3,19 +3,27 @@
 What gpu_sampler.generate refuses (Unsupported) is handed to transformers' generate with one
 warning per model and feature; fallback=False, or a call using gpu_sampler-only arguments,
 raises instead. The fallback must be the very call the user made: same tokens, same outputs,
-the streamer fed once.
+the streamer fed once. Copies of a patched model (deepcopy, pickle, torch.save) are patched and
+bound to themselves; save_pretrained saves the model, which loads unpatched.
 """
+import copy
+import importlib
+import io
+import json
+import pickle
 import warnings
 
 import pytest
 import torch
-from transformers import DynamicCache, T5Config, T5ForConditionalGeneration
+from transformers import AutoModelForCausalLM, DynamicCache, T5Config, T5ForConditionalGeneration
 
 import gpu_sampler
 from gpu_sampler.hf.common import Unsupported
 from gpu_sampler.hf.generation import generate
 from gpu_sampler.hf.patch import patch, unpatch
 from tests.models import Recorder, tiny_model
+
+patch_module = importlib.import_module("gpu_sampler.hf.patch")  # gpu_sampler.hf.patch: the function
 
 
 def _prompts(seed, B=2, L=6, vocab=1000):
@@ -138,3 +146,62 @@ def test_supported_calls_do_not_warn():
         model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
         model.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2, do_sample=False)
     assert not _fallbacks(record)
+
+
+def _torch_roundtrip(model):
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+# The ways code copies a whole model (tests/test_whisper.py copies Whisper the same ways).
+COPIES = {"deepcopy": copy.deepcopy, "pickle": lambda model: pickle.loads(pickle.dumps(model)),
+          "torch.save": _torch_roundtrip}
+
+
+@pytest.fixture
+def ours(monkeypatch):
+    """The models gpu_sampler's generate ran on, call by call (a patched generate calls it)."""
+    models, real = [], patch_module.generate
+
+    def spy(model, *args, **kwargs):
+        models.append(model)
+        return real(model, *args, **kwargs)
+    monkeypatch.setattr(patch_module, "generate", spy)
+    return models
+
+
+@pytest.mark.parametrize("how", COPIES)
+@pytest.mark.parametrize("arch", ("llama", "gpt2"))
+def test_copies_of_a_patched_model_are_patched_and_bound_to_themselves(ours, arch, how):
+    model = tiny_model(arch, seed=37)
+    ids, mask = _prompts(37)
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    ref = model.generate(ids, **kw)
+    patch(model, fallback=False)
+    model.__dict__["_gpu_sampler_patch"]["warned"].add("num_beams")
+    clone = COPIES[how](model)
+    assert type(clone) is type(model) and clone is not model
+    state, original = clone.__dict__["_gpu_sampler_patch"], model.__dict__["_gpu_sampler_patch"]
+    assert state == {"fallback": False, "warned": {"num_beams"}}
+    assert state is not original and state["warned"] is not original["warned"]
+    assert torch.equal(clone.generate(ids, **kw), ref) and ours[-1] is clone
+    assert torch.equal(model.generate(ids, **kw), ref) and ours[-1] is model
+    unpatch(clone)  # the copy only
+    assert "generate" not in clone.__dict__ and "_gpu_sampler_patch" not in clone.__dict__
+    assert torch.equal(clone.generate(ids, **kw), ref) and len(ours) == 2
+    assert torch.equal(model.generate(ids, **kw), ref) and len(ours) == 3 and ours[-1] is model
+
+
+def test_save_pretrained_saves_the_model_which_loads_unpatched(tmp_path):
+    model = tiny_model("llama", seed=38)
+    ids, mask = _prompts(38)
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    ref = model.generate(ids, **kw)
+    patch(model).save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLM"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded) is type(model) and "generate" not in loaded.__dict__
+    assert torch.equal(loaded.generate(ids, **kw), ref)

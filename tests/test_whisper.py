@@ -7,7 +7,10 @@ transcript, four languages, the two tasks, no-timestamps, timestamps after it). 
 model's tokens equal the unpatched model's for greedy, beam search, language / task forcing,
 language detection, prompt_ids, timestamps and long-form input; return_dict outputs are
 compared field by field; sampling draws the first token from transformers' distribution.
+Copies of a patched Whisper (deepcopy, pickle, torch.save) are patched and bound to themselves.
 """
+import json
+
 import warnings
 
 import pytest
@@ -20,6 +23,7 @@ from gpu_sampler.hf import seq2seq
 from gpu_sampler.hf.common import Unsupported
 from gpu_sampler.tiny import seeded_random_model
 from tests.chisq import assert_drawn_from
+from tests.test_patch import COPIES
 from tests.test_seq2seq import assert_same, assert_same_cache
 
 V = 120
@@ -220,3 +224,54 @@ def test_unsupported_inner_call_falls_back_with_one_warning(ran):
     gpu_sampler.patch(model, fallback=False)
     with pytest.raises(Unsupported, match="prefix_allowed_tokens_fn"):
         model.generate(x, **kw)
+
+
+@pytest.fixture
+def decoded(monkeypatch):
+    """The models whose inner calls gpu_sampler's loop decoded, call by call."""
+    models, real = [], seq2seq.generate_delegated
+
+    def spy(model, *args, **kwargs):
+        out = real(model, *args, **kwargs)
+        models.append(model)
+        return out
+    monkeypatch.setattr(seq2seq, "generate_delegated", spy)
+    return models
+
+
+@pytest.mark.parametrize("how", COPIES)
+def test_copies_of_a_patched_whisper_are_patched_and_bound_to_themselves(decoded, how):
+    model, x = tiny_whisper(3), features(2, 3)
+    kw = dict(language="fr", max_new_tokens=5)
+    ref = model.generate(x, **kw)
+    patched = type(gpu_sampler.patch(model, fallback=False))
+    clone = COPIES[how](model)  # pickle finds the class by name: WhisperForConditionalGeneration
+    assert type(clone) is patched and clone is not model
+    state, original = clone.__dict__["_gpu_sampler_patch"], model.__dict__["_gpu_sampler_patch"]
+    assert state == {"fallback": False, "warned": set()} and state is not original
+    assert torch.equal(_patched_quietly(clone, x, **kw), ref)
+    assert decoded and all(m is clone for m in decoded)
+    n = len(decoded)
+    assert torch.equal(_patched_quietly(model, x, **kw), ref)
+    assert len(decoded) > n and all(m is model for m in decoded[n:])
+    gpu_sampler.unpatch(clone)  # the copy only
+    assert type(clone) is WhisperForConditionalGeneration and type(model) is patched
+    n = len(decoded)
+    assert torch.equal(clone.generate(x, **kw), ref) and len(decoded) == n
+
+
+def test_save_pretrained_saves_whisper_which_loads_unpatched(decoded, tmp_path):
+    model, x = tiny_whisper(3), features(2, 3)
+    kw = dict(language="fr", max_new_tokens=5)
+    ref = model.generate(x, **kw)
+    gpu_sampler.patch(model).save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "WhisperForConditionalGeneration"]
+    loaded = WhisperForConditionalGeneration.from_pretrained(tmp_path)
+    assert type(loaded) is WhisperForConditionalGeneration
+    assert torch.equal(loaded.generate(x, **kw), ref) and not decoded
+    # Loading through the patched model's class builds an instance of that class: patched,
+    # with patch()'s defaults.
+    again = type(model).from_pretrained(tmp_path)
+    assert type(again) is type(model)
+    assert torch.equal(_patched_quietly(again, x, **kw), ref) and decoded[-1] is again

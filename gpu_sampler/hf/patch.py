@@ -13,6 +13,14 @@ before ``GenerationMixin``, so that ``super().generate`` inside the model's gene
 gpu_sampler's loop (same refusal and fallback rules, applied to that inner call). Only this
 instance changes class; nothing global is patched, so other instances and threads are not
 affected.
+
+Copies of a patched model (``copy.deepcopy``, pickle, ``torch.save`` / ``torch.load``) are
+patched, bound to themselves, with their own copy of the patch state. Two things make that
+work. Pickle finds a class by module and qualname, which for the subclass name the original
+class, so the subclass pickles as the original class and is rebuilt on load
+(:meth:`_Delegated.__reduce_ex__`). A plain model's ``generate`` is a :class:`_PatchedGenerate`
+in the instance's ``__dict__``: a bound method there would pickle as a ``getattr`` of its
+function's name on the model, which fails on load.
 """
 import threading
 import types
@@ -35,14 +43,35 @@ def _original(model):
     return saved if saved is not None else types.MethodType(type(model).generate, model)
 
 
-def _patched_generate(model, *args, **kwargs):
-    return _run(model, generate, _original(model), args, kwargs)
+class _PatchedGenerate:
+    """A patched model's ``generate``, in the instance's ``__dict__``. Not a bound method:
+    pickle stores one as ``getattr(model, its function's name)``, which an unpickled model does
+    not have. This one reduces to ``_PatchedGenerate(model)``; deepcopy and pickle reach
+    ``model`` through their memo, so a copy's ``generate`` is bound to the copy."""
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, model):
+        self.__self__ = model
+
+    def __call__(self, *args, **kwargs):
+        model = self.__self__
+        return _run(model, generate, _original(model), args, kwargs)
+
+    def __reduce__(self):
+        return _PatchedGenerate, (self.__self__,)
+
+
+def _state(model):
+    """The patch state. An instance that was built by a delegating class itself (say
+    ``type(patched).from_pretrained(...)``) never went through patch(): patch()'s defaults."""
+    return model.__dict__.setdefault(_STATE, {"fallback": True, "warned": set()})
 
 
 def _run(model, ours, theirs, args, kwargs):
     """``ours(model, *args, **kwargs)``, or ``theirs(*args, **kwargs)`` (transformers) with one
     warning per model and feature where gpu_sampler refuses the call and may hand it over."""
-    state = model.__dict__[_STATE]
+    state = _state(model)
     try:
         return ours(model, *args, **kwargs)
     except Unsupported as exc:
@@ -66,6 +95,26 @@ class _Delegated(GenerationMixin):
     def generate(self, *args, **kwargs):
         theirs = types.MethodType(GenerationMixin.generate, self)
         return _run(self, seq2seq.generate_delegated, theirs, args, kwargs)
+
+    def __reduce_ex__(self, protocol):
+        # pickle looks the class up by module and qualname, finds the original class (the
+        # subclass has its names) and refuses to pickle the subclass. Reduce as the original
+        # class; _rebuild_delegated swaps the subclass back in on load. The state (the
+        # instance's __dict__, patch state included) is restored by pickle as usual.
+        rebuild, args, *rest = super().__reduce_ex__(protocol)
+        cls, *more = args  # (cls, ...) for copyreg.__newobj__ and copyreg._reconstructor alike
+        return (_rebuild_delegated, (rebuild, _original_class(cls), *more), *rest)
+
+
+def _rebuild_delegated(rebuild, cls, *args):
+    """Unpickles a patched delegating model: what pickle would have done for the delegating
+    subclass of ``cls`` (``rebuild(subclass, *args)``), which it cannot name."""
+    return rebuild(_delegating_class(cls), *args)
+
+
+def _original_class(delegating):
+    """The class a delegating subclass was built from (its first base)."""
+    return delegating.__bases__[0]
 
 
 _SUBCLASSES = {}
@@ -98,32 +147,38 @@ def patch(model, fallback=True):
     ``generate``; the decoding loops it delegates to ``super().generate`` run gpu_sampler's
     encoder-decoder loop (this instance gets a subclass of its class; ``unpatch`` restores it).
 
+    A copy of a patched model (``copy.deepcopy``, ``pickle``, ``torch.save`` then
+    ``torch.load(..., weights_only=False)``) is patched: its ``generate`` runs on the copy,
+    with the same ``fallback`` and its own record of the features already warned about;
+    ``unpatch`` on the copy leaves the original patched. ``save_pretrained`` saves what the
+    unpatched model saves (the config's "architectures" names the original class), and
+    ``from_pretrained`` with the original class or an Auto class loads an unpatched model.
+
     Example:
         >>> from gpu_sampler import patch, unpatch
         >>> patch(model)            # model.generate(...) now uses gpu_sampler  # doctest: +SKIP
         >>> unpatch(model)          # back to transformers' generate            # doctest: +SKIP
     """
     current = model.__dict__.get("generate")
-    if getattr(current, "__func__", None) is _patched_generate or isinstance(model, _Delegated):
-        model.__dict__[_STATE]["fallback"] = bool(fallback)
+    if isinstance(current, _PatchedGenerate) or isinstance(model, _Delegated):
+        _state(model)["fallback"] = bool(fallback)
         return model
     model.__dict__[_STATE] = {"fallback": bool(fallback), "warned": set()}
     if whisper.delegates(model):
         model.__class__ = _delegating_class(type(model))
         return model
     model.__dict__[_SAVED] = current
-    model.__dict__["generate"] = types.MethodType(_patched_generate, model)
+    model.__dict__["generate"] = _PatchedGenerate(model)
     return model
 
 
 def unpatch(model):
     """Undo :func:`patch`: ``model.generate`` is what it was before. Returns the model."""
     if isinstance(model, _Delegated):
-        model.__class__ = type(model).__bases__[0]
+        model.__class__ = _original_class(type(model))
         model.__dict__.pop(_STATE, None)
         return model
-    current = model.__dict__.get("generate")
-    if getattr(current, "__func__", None) is not _patched_generate:
+    if not isinstance(model.__dict__.get("generate"), _PatchedGenerate):
         return model
     saved = model.__dict__.pop(_SAVED, None)
     model.__dict__.pop(_STATE, None)
