@@ -40,3 +40,31 @@ def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=Fa
         from bench.rows import mixed_kwargs
         kw = dict(kw, **{k: v.to(logits.device) for k, v in mixed_kwargs(B).items()})
     return fused_sample(logits, input_ids=input_ids, plan_batch=plan_batch, **kw)
+
+
+def speculative_plan(logits, input_ids=None, plan_batch=None, K=4, with_q=False, **kw):
+    """``speculative_sample()`` on the Triton backend over the rows as [B / (K + 1), K + 1, V]
+    target logits (run it with ``--rows`` a multiple of K + 1), one-hot drafts or draft
+    distributions (``with_q``), the launches planned for ``plan_batch`` rows:
+
+        python ../shared/tools/gpu_model.py --project . --rows 5 \\
+            --callable bench.model_call:speculative_plan \\
+            --case '40,128256,0,{"plan_batch": 40, "K": 4, "top_k": 50, "top_p": 0.9,
+                                 "temperature": 0.7}'
+    """
+    import functools
+    import torch
+    import gpu_sampler
+    from gpu_sampler import kernels
+    B, V = logits.shape
+    target = logits.view(B // (K + 1), K + 1, V)
+    gen = torch.Generator().manual_seed(0)
+    drafts = torch.randint(0, V, (B // (K + 1), K), generator=gen).to(logits.device)
+    q = torch.softmax(target[:, :K].float() * 0.8, -1) if with_q else None
+    saved = kernels.fused_sample
+    kernels.fused_sample = functools.partial(saved, plan_batch=plan_batch)
+    try:
+        return gpu_sampler.speculative_sample(target, drafts, q, seed=1, check=False,
+                                              backend="triton", **kw)
+    finally:
+        kernels.fused_sample = saved

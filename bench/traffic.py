@@ -17,6 +17,12 @@ chosen for B rows) and scales the per-row bytes; rows are exchangeable N(0, 3^2)
 With ``--cd`` each call also gets amateur logits (0.6 x + N(0, 1): correlated with the expert's,
 as a smaller model of the same family is) and cd_alpha 0.1, cd_beta 0.5, and the table adds the
 passes over the amateur logits.
+
+With ``--speculative K`` each case is ``speculative_sample()`` at (B, K, V) on the Triton
+backend: K + 1 target rows per row (one row b traced, the launches planned for the B (K + 1)
+rows), one-hot drafts and draft distributions (q), check=False. The passes are over the target
+logits; the draft-distribution path also writes p_i (``outputs``) and reads p and q in torch
+at the drafts and at one position per row, which the interpreter does not see.
 """
 import argparse
 import inspect
@@ -145,6 +151,55 @@ def measure(mod, B, V, L, kw, rows, seed=0, cd=False, with_edits=False, top_n=0)
     return c
 
 
+def measure_speculative(mod, B, K, V, kw, with_q, seed=0):
+    """Counter for one speculative_sample() call on one row b (K + 1 target rows), the
+    launches planned for B (K + 1) rows."""
+    import functools
+    import gpu_sampler
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(1, K + 1, V, generator=gen) * 3
+    drafts = torch.randint(0, V, (1, K), generator=gen)
+    q = torch.softmax(target[:, :K] * 0.8, -1) if with_q else None
+    c = Counter()
+    c.tag(target, "logits")
+    saved = mod.fused_sample, mod.sampling._alloc, mod.sampling._workspace
+    mod.fused_sample = functools.partial(saved[0], plan_batch=B * (K + 1))
+    for n, kind in (("_alloc", "outputs"), ("_workspace", "workspace")):
+        orig = getattr(mod.sampling, n)
+        setattr(mod.sampling, n, lambda *a, _o=orig, _k=kind: _tag(c, _o(*a), _k))
+    try:
+        c.install()
+        gpu_sampler.speculative_sample(target, drafts, q, seed=1, check=False, backend="triton",
+                                       **kw)
+    finally:
+        mod.fused_sample, mod.sampling._alloc, mod.sampling._workspace = saved
+    return c
+
+
+def _tag(c, t, kind):
+    c.tag(t, kind)
+    return t
+
+
+def speculative_table(mod, K, cases, base):
+    print(f"| B | K | V | config | draft | passes over target logits | workspace B/row | "
+          f"outputs stored B/row | programs/row | launches |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for B, V in cases:
+        for name, kw in (("T0.7 k50 p0.9", dict(temperature=0.7, top_k=50, top_p=0.9)),
+                         ("T0.7 p0.9", TOP_P)):
+            for with_q in (False, True):
+                c = measure_speculative(mod, B, K, V, kw, with_q)
+                (ti.InterpreterBuilder.create_masked_load,
+                 ti.InterpreterBuilder.create_masked_store, ti.GridExecutor.__call__) = base
+                rows = K + 1
+                print(f"| {B} | {K} | {V} | {name} | {'q' if with_q else 'one-hot'} | "
+                      f"{c.total('logits', 'load') / (rows * V * 4):.3f} | "
+                      f"{c.total('workspace') / rows:,.0f} | "
+                      f"{c.total('outputs', 'store') / rows:,.0f} | "
+                      f"{programs_per_row(c, rows)} | {len(c.launches)} |", flush=True)
+
+
 def programs_per_row(c, rows):
     per = 0
     for name, grid in c.launches:
@@ -163,11 +218,16 @@ def main(argv=None):
     ap.add_argument("--edits", action="store_true",
                     help="a request's token mask and 20 logit-bias entries per row")
     ap.add_argument("--top-n", type=int, default=0, help="top-N raw logprobs in the same call")
+    ap.add_argument("--speculative", type=int, default=0, metavar="K",
+                    help="speculative_sample() with K drafts per row (this checkout only)")
     a = ap.parse_args(argv)
     mod = load_kernels(a.kernels)
     cases = CASES if a.cases is None else [tuple(map(int, s.split(","))) for s in a.cases.split(";")]
     base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
             ti.GridExecutor.__call__)
+    if a.speculative:
+        print(f"# speculative_sample traffic of {a.label}: bytes per target row")
+        return speculative_table(mod, a.speculative, cases, base)
     print(f"# traffic of {a.label}: interpreter runs {a.rows} rows per case, bytes per row")
     am_col = (" passes over amateur |" if a.cd else "") + (" edit table B/row |" if a.edits
                                                            else "")

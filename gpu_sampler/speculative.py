@@ -1,4 +1,4 @@
-"""Speculative decoding's verification step: ``speculative_sample()`` (torch backend).
+"""Speculative decoding's verification step: ``speculative_sample()`` (Triton and torch).
 
 Row b holds K draft tokens d_0 .. d_{K-1} and the target model's logits at K + 1 positions.
 At position i, p_i is the distribution ``sampling_distribution()`` gives for target row i with
@@ -6,8 +6,7 @@ the call's parameters, the penalties seeing the history ``input_ids`` extended b
 d_0 .. d_{i-1}; q_i is the draft's distribution (``draft_probs``, or the one-hot of d_i when the
 draft has no probabilities: prompt lookup, n-grams). Then, for i = 0, 1, ...:
 
-    accept d_i  iff  u_i < p_i(d_i) / q_i(d_i)       (u_i uniform in (0, 1): probability
-                                                      min(1, p_i(d_i) / q_i(d_i)))
+    accept d_i  with probability  min(1, p_i(d_i) / q_i(d_i))
     at the first rejection emit a token drawn from normalise(max(0, p_i - q_i)) and stop;
     if all K are accepted, emit a bonus token drawn from p_K.
 
@@ -15,11 +14,23 @@ The emitted tokens are distributed exactly as K + 1 tokens sampled from the targ
 time (Leviathan et al. 2023; Chen et al. 2023). A temperature-0 row has a one-hot p_i, so it
 accepts while d_i is the argmax (lowest id on ties) and emits the argmax at the first mismatch.
 
-Randomness is counter-based (gpu_sampler/rng.py), per row and position: u_i and the draw at
-position i use the row's (seed, offset + i). The bonus token is the token ``sample()`` gives
-for row K with (seed, offset + K), bit for bit; a residual draw is Gumbel-max over the residual with the
-same per-token noise, lowest id on ties. ``u_i`` is the uniform of the reserved id 2**32 - 1
-(no vocabulary reaches it), so it is independent of every token's noise.
+Randomness is counter-based (gpu_sampler/rng.py), per row and position: position i uses the
+row's (seed, offset + i), and the B (K + 1) target rows are one sampling batch.
+
+- One-hot q: position i's token is the one ``sample()`` gives there (Gumbel-max with that
+  stream); d_i is accepted iff it equals that token. That is the rule: the draw equals d_i with
+  probability p_i(d_i), and a draw that is not d_i is distributed as p_i given not d_i, which
+  is normalise(max(0, p_i - onehot(d_i))). So prompt lookup emits exactly the tokens plain
+  sampling would, and the verification is one sampling launch over the B (K + 1) rows.
+- Draft distributions q: u_i < p_i(d_i) / q_i(d_i) with u_i the uniform of the reserved id
+  2**32 - 1 (no vocabulary reaches it, so u_i is independent of every token's noise); a
+  residual draw is Gumbel-max over the residual with position i's per-token noise, lowest id
+  on ties; the bonus token is Gumbel-max over p_K with position K's noise: ``sample()``'s
+  token there, unless two scores tie within rounding (log p_K(v) is x_v - M - log Z rounded
+  once more than the kernel's x_v - M).
+
+Both backends give the same tokens for the same streams: the Triton backend runs the fused
+sampler (kernels/sampling.py) over the B (K + 1) rows, the torch backend its twin.
 """
 from typing import NamedTuple, Optional, Tuple
 
@@ -100,97 +111,142 @@ def _extended_history(input_ids, draft_tokens):
     return rows.reshape(B * (K + 1), -1)
 
 
+class _Rows(NamedTuple):
+    """The B * (K + 1) target rows as one sampling batch: row b * (K + 1) + i is position i of
+    row b, with its parameters, extended history and stream (seed, offset + i)."""
+    logits: torch.Tensor              # [B * (K + 1), V]
+    p: params.SamplingParams          # numbers, or [B * (K + 1)] tensors
+    history: Optional[torch.Tensor]   # int64 [B * (K + 1), L + K] (-1 padded) or None
+    prompt_lens: Optional[torch.Tensor]
+    seed: torch.Tensor                # int64 [B * (K + 1)]
+    offset: torch.Tensor              # int64 [B * (K + 1)]
+
+
 def _per_position(v, K1):
     """A (B,) parameter repeated for the K + 1 positions of each row (numbers stay numbers)."""
     return v.repeat_interleave(K1) if isinstance(v, torch.Tensor) else v
 
 
-def _target_probs(target_logits, draft_tokens, p, input_ids, prompt_lens):
-    """p_i for every row and position: float32 [B, K + 1, V] (zero rows where invalid)."""
+def _flat_rows(target_logits, draft_tokens, p, input_ids, prompt_lens, seed, offset):
     B, K1, V = target_logits.shape
+    dev = target_logits.device
     flat = params.SamplingParams(**{k: _per_position(v, K1) for k, v in p.as_kwargs().items()})
     has_history = input_ids is not None or p.has_repetition() or p.has_presence_frequency()
     hist = _extended_history(input_ids, draft_tokens) if has_history else None
-    plen = _per_position(prompt_lens, K1) if prompt_lens is not None else None
-    probs = reference.twin_distribution(target_logits.reshape(B * K1, V), flat, hist, plen)
-    return probs.view(B, K1, V)
+    plen = _per_position(prompt_lens, K1) if isinstance(prompt_lens, torch.Tensor) \
+        else prompt_lens
+    seeds = params.per_row(seed, B, torch.int64, dev).repeat_interleave(K1)
+    offs = (params.per_row(offset, B, torch.int64, dev)[:, None]
+            + torch.arange(K1, device=dev)).flatten()
+    return _Rows(target_logits.reshape(B * K1, V), flat, hist, plen, seeds, offs)
+
+
+def _sample_rows(rows, backend):
+    """sample()'s (tokens int64 [R], logprobs float32 [R]) for ``rows``: the kernel or the
+    twin, the same tokens for the same streams (invalid rows: -1 / -inf)."""
+    if backend == "triton":
+        from . import kernels
+        return kernels.fused_sample(rows.logits, input_ids=rows.history,
+                                    prompt_lens=rows.prompt_lens, seed=rows.seed,
+                                    offset=rows.offset, **rows.p.as_kwargs())
+    return reference.twin_sample(rows.logits, rows.p, rows.history, rows.prompt_lens,
+                                 rows.seed, rows.offset)
+
+
+def _distribution_rows(rows, backend):
+    """sampling_distribution() of ``rows``: float32 [R, V], zero rows where invalid."""
+    if backend == "triton":
+        from . import kernels
+        return kernels.fused_sample(rows.logits, input_ids=rows.history,
+                                    prompt_lens=rows.prompt_lens, write_probs=True,
+                                    **rows.p.as_kwargs())
+    return reference.twin_distribution(rows.logits, rows.p, rows.history, rows.prompt_lens)
 
 
 def _accepted(P, Q, draft_tokens, seed, offset):
-    """Leading accepted drafts per row (int64 [B]) by the rule min(1, p/q)."""
+    """Leading accepted drafts per row (int64 [B]) by the rule min(1, p/q), u_i from the
+    acceptance stream of (seed, offset + i)."""
     B, K = draft_tokens.shape
     d = draft_tokens.to(torch.int64)[:, :, None]
     p_d = P[:, :K].gather(2, d).squeeze(2)
-    q_d = torch.ones_like(p_d) if Q is None else Q.to(torch.float32).gather(2, d).squeeze(2)
-    pos = torch.arange(K, device=d.device)
-    seeds = seed if isinstance(seed, torch.Tensor) else torch.full((B,), seed, device=d.device)
-    offs = offset if isinstance(offset, torch.Tensor) else torch.full((B,), offset,
-                                                                       device=d.device)
-    k_lo, k_hi = rng.row_keys(seeds.to(torch.int64).repeat_interleave(K),
-                              (offs.to(torch.int64)[:, None] + pos).flatten())
+    q_d = Q.gather(2, d).squeeze(2)
+    k_lo, k_hi = rng.row_keys(seed.view(B, K + 1)[:, :K].flatten(),
+                              offset.view(B, K + 1)[:, :K].flatten())
     u = rng.uniform(k_lo, k_hi, torch.full_like(k_lo, ACCEPT_STREAM)).view(B, K)
     accept = u * q_d < p_d  # u < p / q without dividing (q = 0 accepts when p > 0)
     return accept.to(torch.int64).cumprod(1).sum(1)
 
 
-def _final_draw(P, Q, draft_tokens, n, seed, offset):
-    """The token at position n of each row: Gumbel-max over the residual max(0, p - q), or
-    over p_K when every draft was accepted (``_bonus`` replaces those). Returns tokens [B]."""
+def _noise_on_support(device):
+    """The residual vanishes off p's support: on the CPU draw noise for that support only (its
+    width is a host sync, free there); on a GPU the whole row, with no sync. Same tokens."""
+    return device.type == "cpu"
+
+
+def _residual_draw(P, Q, n, seed, offset):
+    """Tokens [B]: Gumbel-max over normalise(max(0, p_n - q_n)) with position n's per-token
+    noise, lowest id on ties; over p_K where n = K (the bonus token). Reads p and q at one
+    position per row."""
     B, K1, V = P.shape
-    K = K1 - 1
     rows = torch.arange(B, device=P.device)
     p_n = P[rows, n]
-    at_k = n == K
-    if Q is None:
-        q_n = torch.zeros_like(p_n)
-        q_n[rows[~at_k], draft_tokens[rows[~at_k], n[~at_k]].to(torch.int64)] = 1.0
+    q_n = torch.where((n < K1 - 1)[:, None], Q[rows, n.clamp(max=K1 - 2)], 0.0)
+    if _noise_on_support(P.device):
+        p_n, ids = torch.topk(p_n, max(1, int((p_n > 0).sum(1).max())), dim=1)
+        q_n = q_n.gather(1, ids)
     else:
-        q_n = torch.where(at_k[:, None], 0.0, Q.to(torch.float32)[rows, n.clamp(max=K - 1)])
-    # max(0, p - q) vanishes off p's support, which the filters keep small: draw on it alone.
-    width = max(1, int((p_n > 0).sum(1).max()))
-    p_s, ids = torch.topk(p_n, width, dim=1)
-    r = (p_s - q_n.gather(1, ids)).clamp_min(0)
+        ids = torch.arange(V, device=P.device).expand(B, V)
+    r = (p_n - q_n).clamp_min(0)
     # Rounding can leave no residual mass where p and q agree: then p itself is the residual.
-    r = torch.where((r.sum(1) > 0)[:, None], r, p_s)
-    off = offset + n if isinstance(offset, torch.Tensor) else n + offset
-    score = torch.where(r > 0, torch.log(r) + rng.gumbel_rows(seed, off, ids), float("-inf"))
-    tok, _ = rng.first_best(score, ids, V)
-    return tok
+    r = torch.where((r.sum(1) > 0)[:, None], r, p_n)
+    off = offset.view(B, K1).gather(1, n[:, None]).squeeze(1)
+    score = torch.where(r > 0, torch.log(r) + rng.gumbel_rows(seed.view(B, K1)[:, 0], off, ids),
+                        float("-inf"))
+    return rng.first_best(score, ids, V)[0]
 
 
-def _bonus(target_logits, draft_tokens, p, input_ids, prompt_lens, seed, offset, n, last):
-    """Rows that accepted every draft take ``sample()``'s token for position K, with the
-    seed at offset + K: exactly the token plain sampling would give there."""
-    B, K1, V = target_logits.shape
-    rows = (n == K1 - 1).nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return last
-
-    def sub(v):
-        return v[rows] if isinstance(v, torch.Tensor) else v
-
-    has_history = input_ids is not None or p.has_repetition() or p.has_presence_frequency()
-    hist = None
-    if has_history:
-        hist = _extended_history(sub(input_ids), draft_tokens[rows]).view(
-            rows.numel(), K1, -1)[:, K1 - 1]
-    sp = params.SamplingParams(**{k: sub(v) for k, v in p.as_kwargs().items()})
-    off = sub(offset) + (K1 - 1)
-    tok, _ = reference.twin_sample(target_logits[rows, K1 - 1], sp, hist, sub(prompt_lens),
-                                   sub(seed), off)
-    return last.index_put((rows,), tok)
+def _emitted(candidates, n, valid):
+    """bool [B, K + 1]: the positions a row emits (its accepted drafts and one more)."""
+    pos = torch.arange(candidates.shape[1], device=n.device)[None, :]
+    return valid[:, None] & (pos <= n[:, None])
 
 
-def _emit(P, draft_tokens, n, last, valid):
-    """tokens / logprobs [B, K + 1]: accepted drafts, then `last`, then -1 / -inf."""
-    B, K1, _ = P.shape
-    pos = torch.arange(K1, device=P.device)[None, :]
-    drafts = torch.cat([draft_tokens.to(torch.int64), last[:, None]], 1)
-    tokens = torch.where(pos < n[:, None], drafts, torch.where(pos == n[:, None], last[:, None],
-                                                               -1))
-    tokens = torch.where(valid[:, None], tokens, -1)
+def _draw_verify(rows, draft_tokens, bad_draft, backend, check, target_logits):
+    """One-hot q (drafts without probabilities): every position is sampled as sample() would
+    with its stream; d_i is accepted iff that draw is d_i. P(accept) = p_i(d_i), and a rejected
+    position emits its draw, distributed as p_i given not d_i = normalise(max(0, p_i - q_i)):
+    the rule, with the tokens plain sampling gives. One sampling launch over the B (K + 1)
+    rows: each target row read once, no host sync (check=False)."""
+    B, K = draft_tokens.shape
+    tok, logp = _sample_rows(rows, backend)
+    tok, logp = tok.view(B, K + 1), logp.view(B, K + 1)
+    valid = ~bad_draft & (tok >= 0).all(1)
+    if check and not bool(valid.all()):
+        _raise_invalid_position(target_logits, tok < 0)
+    n = torch.where(valid, (tok[:, :K] == draft_tokens).to(torch.int64).cumprod(1).sum(1), 0)
+    keep = _emitted(tok, n, valid)
+    out = SpeculativeOutput(torch.where(keep, tok, -1), n,
+                            torch.where(keep, logp, float("-inf")))
+    return out
+
+
+def _probs_verify(rows, draft_tokens, Q, bad_draft, backend, check, target_logits):
+    """Draft distributions q: p_i for every position (the fused distribution launches), the
+    acceptance test at the drafts, then one Gumbel-max draw per row at its first rejection
+    (over the residual) or at position K (over p_K): no host sync on a GPU."""
+    B, K = draft_tokens.shape
+    P = _distribution_rows(rows, backend).view(B, K + 1, -1)
+    valid = ~bad_draft & (P.sum(2) > 0).all(1)
+    if check and not bool(valid.all()):
+        _raise_invalid_position(target_logits, ~(P.sum(2) > 0))
+    n = torch.where(valid, _accepted(P, Q, draft_tokens, rows.seed, rows.offset), 0)
+    last = _residual_draw(P, Q, n, rows.seed, rows.offset)
+    tokens = torch.cat([draft_tokens.to(torch.int64), last[:, None]], 1)
+    tokens[torch.arange(B, device=P.device), n] = last
+    keep = _emitted(tokens, n, valid)
+    tokens = torch.where(keep, tokens, -1)
     lp = torch.log(P.gather(2, tokens.clamp_min(0)[:, :, None]).squeeze(2))
-    return tokens, torch.where(tokens >= 0, lp, float("-inf"))
+    return SpeculativeOutput(tokens, n, torch.where(keep, lp, float("-inf")))
 
 
 def _greedy_verify(target_logits, draft_tokens, p, bad_draft, check):
@@ -211,17 +267,14 @@ def _greedy_verify(target_logits, draft_tokens, p, bad_draft, check):
     if check and not bool(valid.all()):
         return None
     n = torch.where(valid, (draft_tokens == best[:, :K]).to(torch.int64).cumprod(1).sum(1), 0)
-    pos = torch.arange(K + 1, device=best.device)[None, :]
-    drafts = torch.cat([draft_tokens, best.gather(1, n[:, None])], 1)
-    tokens = torch.where(pos < n[:, None], drafts, torch.where(pos == n[:, None], drafts[:, K:],
-                                                               -1))
-    tokens = torch.where(valid[:, None], tokens, -1)
-    logprobs = torch.where(tokens >= 0, 0.0, float("-inf"))
+    keep = _emitted(best, n, valid)
+    tokens = torch.where(keep, best, -1)
+    logprobs = torch.where(keep, 0.0, float("-inf"))
     return SpeculativeOutput(tokens, n, logprobs)
 
 
-def _raise_invalid_position(target_logits, P):
-    bad = ~(P.sum(2) > 0)
+def _raise_invalid_position(target_logits, bad):
+    """ValueError for the first (row, position) of ``bad`` (bool [B, K + 1])."""
     r = int(bad.any(1).nonzero()[0, 0])
     i = int(bad[r].nonzero()[0, 0])
     if bool(target_logits[r, i].isnan().any()):
@@ -253,8 +306,8 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
         check: raise ValueError for invalid rows (NaN logits, nothing left to sample, bad
             draft tokens or probabilities); with check=False such rows emit -1 everywhere
             and num_accepted 0.
-        backend: "auto", "torch" or "triton"; this release verifies with the torch twin on
-            every device (validated, and otherwise unused).
+        backend: "auto" (the Triton kernel on CUDA, the torch twin otherwise), "triton" or
+            "torch"; the same tokens on both.
 
     Returns:
         (tokens int64 [B, K + 1], num_accepted int64 [B]), plus logprobs with return_logprobs.
@@ -285,20 +338,15 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
     if check and bool(bad_draft.any()):
         _raise_bad_draft(draft_tokens, draft_probs, V, bad_draft)
     safe_drafts = torch.where(bad_draft[:, None], 0, draft_tokens.to(torch.int64))
-    fast = _greedy_verify(target_logits, safe_drafts, p, bad_draft, check)
-    if fast is not None:
-        return fast if return_logprobs else (fast.tokens, fast.num_accepted)
-    P = _target_probs(target_logits, safe_drafts, p, input_ids, prompt_lens)
-    valid = ~bad_draft & (P.sum(2) > 0).all(1)
-    if check and not bool(valid.all()):
-        _raise_invalid_position(target_logits, P)
-    Q = None if draft_probs is None else torch.where(bad_draft[:, None, None], 0.0,
-                                                     draft_probs.to(torch.float32))
-    n = torch.where(valid, _accepted(P, Q, safe_drafts, seed, offset), 0)
-    last = _final_draw(P, Q, safe_drafts, n, seed, offset)
-    last = _bonus(target_logits, safe_drafts, p, input_ids, prompt_lens, seed, offset, n, last)
-    tokens, logprobs = _emit(P, safe_drafts, n, last, valid)
-    out = SpeculativeOutput(tokens, n, logprobs)
+    out = _greedy_verify(target_logits, safe_drafts, p, bad_draft, check)
+    if out is None:
+        rows = _flat_rows(target_logits, safe_drafts, p, input_ids, prompt_lens, seed, offset)
+        which = params.pick_backend(backend, target_logits)
+        if draft_probs is None:
+            out = _draw_verify(rows, safe_drafts, bad_draft, which, check, target_logits)
+        else:
+            Q = torch.where(bad_draft[:, None, None], 0.0, draft_probs.to(torch.float32))
+            out = _probs_verify(rows, safe_drafts, Q, bad_draft, which, check, target_logits)
     return out if return_logprobs else (out.tokens, out.num_accepted)
 
 

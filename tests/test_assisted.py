@@ -444,3 +444,17 @@ def test_reported_scores_carry_the_single_token_processors():
         for a, b in zip(out.scores, ref.scores):
             assert torch.equal(a.isinf(), b.isinf())
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_prompt_lookup_sampling_emits_plain_sampling_tokens():
+    """Drafts without probabilities are verified by sampling each position with its own
+    stream (gpu_sampler/speculative.py): with the same seed, prompt lookup emits exactly the
+    tokens plain sampling does, batched, with per-row prompts, top-k and min-p."""
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(4, 10, seed=2)
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=0.05,
+              top_k=30, min_p=0.02, seed=9, pad_token_id=0)
+    plain = generate(target, ids, **kw)
+    calls = _Counter(target)
+    assert torch.equal(generate(target, ids, prompt_lookup_num_tokens=3, **kw), plain)
+    assert calls.n < 24, "no draft was accepted"

@@ -108,6 +108,8 @@ def test_greedy_fast_path_equals_the_general_path():
 
 
 def test_bonus_token_is_sample_at_the_last_position():
+    """Gumbel-max over p_K with position K's stream: sample()'s token (the two differ only
+    where two scores tie within rounding; none do here)."""
     g = torch.Generator().manual_seed(14)
     target = torch.randn(6, 4, 50, generator=g)
     probs = gpu_sampler.sampling_distribution(target[:, :3].reshape(18, 50)).view(6, 3, 50)
@@ -216,3 +218,43 @@ def test_torch_op_and_torch_compile_fullgraph():
     assert torch.equal(compiled.tokens, eager.tokens)
     assert torch.equal(compiled.num_accepted, eager.num_accepted)
     torch.testing.assert_close(compiled.logprobs, eager.logprobs)
+
+
+def test_one_hot_drafts_emit_the_tokens_plain_sampling_gives():
+    """Drafts without probabilities: position i emits sample()'s token for (seed, offset + i)
+    with the accepted drafts in the history, and d_i is accepted iff it is that token."""
+    g = torch.Generator().manual_seed(17)
+    B, K, W = 8, 4, 30
+    target = torch.randn(B, K + 1, W, generator=g) * 2
+    hist = torch.randint(0, W, (B, 6), generator=g)
+    kw = dict(temperature=0.9, top_k=torch.tensor([0, 8] * 4), repetition_penalty=1.4)
+    seeds, offs = torch.arange(B) + 40, torch.arange(B) * 3
+    plain = torch.empty(B, K + 1, dtype=torch.long)
+    for i in range(K + 1):  # plain sampling, one position at a time
+        h = torch.cat([hist, plain[:, :i]], 1)
+        plain[:, i] = gpu_sampler.sample(target[:, i], input_ids=h, seed=seeds, offset=offs + i,
+                                         **kw)
+    cut = torch.tensor([0, 1, 2, 3, 4, 4, 2, 0])
+    pos = torch.arange(K)[None, :]
+    drafts = torch.where(pos < cut[:, None], plain[:, :K], (plain[:, :K] + 1) % W)
+    tok, n = speculative_sample(target, drafts, input_ids=hist, seed=seeds, offset=offs, **kw)
+    assert torch.equal(n, cut)
+    for b in range(B):
+        m = int(cut[b]) + 1
+        assert torch.equal(tok[b, :m], plain[b, :m]) and bool((tok[b, m:] == -1).all())
+
+
+def test_residual_draw_on_the_whole_row_equals_the_support_draw(monkeypatch):
+    """The GPU's sync-free residual draw (noise for every id) picks what the CPU's draw on p's
+    support picks."""
+    from gpu_sampler import speculative
+    g = torch.Generator().manual_seed(18)
+    target = torch.randn(64, 3, 40, generator=g) * 2
+    q = torch.softmax(torch.randn(64, 2, 40, generator=g), -1)
+    drafts = torch.randint(0, 40, (64, 2), generator=g)
+    kw = dict(top_k=torch.randint(0, 12, (64,), generator=g), top_p=0.9, seed=torch.arange(64))
+    support = speculative_sample(target, drafts, q, **kw)
+    monkeypatch.setattr(speculative, "_noise_on_support", lambda device: False)
+    whole = speculative_sample(target, drafts, q, **kw)
+    assert torch.equal(whole[0], support[0]) and torch.equal(whole[1], support[1])
+    assert bool((support[1] < 2).any())  # residual draws happened

@@ -1,0 +1,94 @@
+"""speculative_sample() on the Triton backend, under the interpreter: the torch twin's tokens
+and accepted counts exactly, its logprobs within rounding, for one-hot drafts (one sampling
+launch over the B (K + 1) target rows, each read once) and for draft distributions; per-row
+parameters, penalties over the extended history, tie-heavy / -inf-heavy / flat rows, invalid
+rows with check=False."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from gpu_sampler import speculative_sample
+from test_kernel_v2 import LogitReads
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+V = 517  # odd: the last block is short
+K = 2
+B = 4
+# greedy on Gaussian rows, top-k / top-p on tie-heavy rows, min-p on -inf-heavy rows, a wide
+# nucleus on flat rows (the band read)
+ROWS = dict(temperature=torch.tensor([0.0, 0.8, 1.0, 0.7]), top_k=torch.tensor([0, 20, 0, 0]),
+            top_p=torch.tensor([1.0, 0.9, 1.0, 0.95]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]))
+
+
+def _target(g):
+    """[B, K + 1, V]: Gaussian, tie-heavy, -inf-heavy and flat rows."""
+    x = torch.randn(B, K + 1, V, generator=g) * 3
+    x[1] = torch.randint(-3, 3, x[1].shape, generator=g).float()
+    x[2, :, 9:] = float("-inf")
+    x[3] = torch.randn(x[3].shape, generator=g) * 0.3
+    return x
+
+
+CUT = [2, 1, 0, 2]
+
+
+def _drafts(x, **kw):
+    """Drafts equal to the target's own draws (each seeing the drafts before it in the
+    history) up to CUT, then one that is not: what the acceptance test must tell apart."""
+    d = torch.zeros(x.shape[0], K, dtype=torch.long)
+    for j in range(K):
+        drawn, _ = speculative_sample(x, d, **kw, backend="torch")
+        d[:, j] = torch.where(torch.tensor(CUT) > j, drawn[:, j], (drawn[:, j] + 1) % V)
+    return d
+
+
+def _both(x, d, q=None, reads=None, **kw):
+    tw = speculative_sample(x, d, q, backend="torch", return_logprobs=True, **kw)
+    if reads is not None:
+        reads.bytes = 0
+    kt = speculative_sample(x, d, q, backend="triton", return_logprobs=True, **kw)
+    assert torch.equal(kt.tokens, tw.tokens)
+    assert torch.equal(kt.num_accepted, tw.num_accepted)
+    torch.testing.assert_close(kt.logprobs, tw.logprobs, atol=2e-5, rtol=1e-5)
+    return kt
+
+
+def test_one_hot_drafts_match_the_twin_in_one_read(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    x = _target(g)
+    bounded = dict(ROWS, top_p=torch.tensor([1.0, 0.9, 1.0, 1.0]))  # no flat nucleus
+    kw = dict(**bounded, repetition_penalty=1.3, presence_penalty=0.2,
+              input_ids=torch.randint(0, 9, (B, 7), generator=g), seed=torch.arange(B) + 3,
+              offset=torch.tensor([0, 5, 9, 1]))
+    d = _drafts(x, **kw)
+    reads = LogitReads(x, monkeypatch)
+    out = _both(x, d, reads=reads, **kw)
+    assert reads.bytes == x.numel() * x.element_size()  # each target row read once
+    # the drafts that equal the draws are accepted, up to the first that does not
+    assert out.num_accepted.tolist() == CUT
+
+
+def test_draft_distributions_match_the_twin():
+    g = torch.Generator().manual_seed(2)
+    x = _target(g)
+    q = torch.softmax(x[:, :K] * 0.7 + torch.randn(B, K, V, generator=g), -1)
+    d = torch.stack([torch.multinomial(q[b, i], 1, generator=g)[0]
+                     for b in range(B) for i in range(K)]).view(B, K)
+    d[0] = x[0, :K].argmax(-1)  # the greedy row accepts, then takes the bonus
+    kw = dict(**ROWS, frequency_penalty=0.3, input_ids=torch.randint(0, V, (B, 4), generator=g),
+              seed=11, offset=torch.arange(B))
+    out = _both(x, d, q, **kw)
+    assert int(out.num_accepted[0]) == K
+
+
+def test_bf16_and_invalid_rows_with_check_false():
+    g = torch.Generator().manual_seed(3)
+    x = _target(g).to(torch.bfloat16)
+    x[2, 1, 3] = float("nan")                      # a NaN position: the row emits -1
+    d = torch.randint(0, 9, (B, K), generator=g)
+    d[1, 1] = V                                    # a draft outside [0, V)
+    out = _both(x, d, **ROWS, seed=5, check=False)
+    assert out.tokens[1:3].eq(-1).all() and out.num_accepted[1:3].eq(0).all()
+    assert out.tokens[[0, 3], 0].ge(0).all()
