@@ -36,7 +36,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import params, reference, rng
+from . import params, rng, sampler
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -142,25 +142,18 @@ def _flat_rows(target_logits, draft_tokens, p, input_ids, prompt_lens, seed, off
 
 
 def _sample_rows(rows, backend):
-    """sample()'s (tokens int64 [R], logprobs float32 [R]) for ``rows``: the kernel or the
-    twin, the same tokens for the same streams (invalid rows: -1 / -inf)."""
-    if backend == "triton":
-        from . import kernels
-        return kernels.fused_sample(rows.logits, input_ids=rows.history,
-                                    prompt_lens=rows.prompt_lens, seed=rows.seed,
-                                    offset=rows.offset, **rows.p.as_kwargs())
-    return reference.twin_sample(rows.logits, rows.p, rows.history, rows.prompt_lens,
-                                 rows.seed, rows.offset)
+    """sample()'s (tokens int64 [R], logprobs float32 [R]) for ``rows`` (invalid rows: -1 /
+    -inf): the kernel or its twin, the same tokens for the same streams."""
+    return sampler.sample(rows.logits, input_ids=rows.history, prompt_lens=rows.prompt_lens,
+                          seed=rows.seed, offset=rows.offset, return_logprobs=True,
+                          check=False, backend=backend, **rows.p.as_kwargs())
 
 
 def _distribution_rows(rows, backend):
     """sampling_distribution() of ``rows``: float32 [R, V], zero rows where invalid."""
-    if backend == "triton":
-        from . import kernels
-        return kernels.fused_sample(rows.logits, input_ids=rows.history,
-                                    prompt_lens=rows.prompt_lens, write_probs=True,
-                                    **rows.p.as_kwargs())
-    return reference.twin_distribution(rows.logits, rows.p, rows.history, rows.prompt_lens)
+    return sampler.sampling_distribution(rows.logits, input_ids=rows.history,
+                                         prompt_lens=rows.prompt_lens, check=False,
+                                         backend=backend, **rows.p.as_kwargs())
 
 
 def _accepted(P, Q, draft_tokens, seed, offset):
