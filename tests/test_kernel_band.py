@@ -57,6 +57,7 @@ def test_band_rows_read_twice_and_match_twin(monkeypatch):
     assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
 
 
+@pytest.mark.slow  # 14 s; the default run keeps bf16 band rows in test_kernel_speculative.py
 def test_band_per_row_mix_bf16(monkeypatch):
     """Per-row tensors mixing greedy, top-k, top-p, top-p + min-p and min-p rows on bf16 logits:
     the top-p rows take the band, every token the twin's; many offsets on one band row draw
@@ -73,11 +74,11 @@ def test_band_per_row_mix_bf16(monkeypatch):
     tok, lp = _run(x, **GEOM, **kw)
     assert reads.bytes["_band_gather_kernel"] == 2 * V * 2  # the two top-p rows
     _check(x, kw, tok, lp)
-    xs = x[2:3].expand(6, V).contiguous()
-    kws = dict(temperature=1.0, top_p=0.95, seed=4, offset=torch.arange(6))
+    xs = x[2:3].expand(4, V).contiguous()
+    kws = dict(temperature=1.0, top_p=0.95, seed=4, offset=torch.arange(4))
     tok, lp = _run(xs, **GEOM, **kws)
     _check(xs, kws, tok, lp)
-    assert len(set(tok.tolist())) > 3
+    assert len(set(tok.tolist())) > 2
 
 
 def test_band_failures_take_the_row_pass(monkeypatch):
