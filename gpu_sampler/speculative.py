@@ -30,7 +30,10 @@ row's (seed, offset + i), and the B (K + 1) target rows are one sampling batch.
   once more than the kernel's x_v - M).
 
 Both backends give the same tokens for the same streams: the Triton backend runs the fused
-sampler (kernels/sampling.py) over the B (K + 1) rows, the torch backend its twin.
+sampler (kernels/sampling.py) over the B (K + 1) rows, the torch backend its twin. With draft
+distributions the Triton backend computes p_i(d_i) and every position's residual draw inside
+those launches (kernels/residual.py): one read of a target row whose kept set the candidates
+decide (bounded top-k; most top-p / min-p rows), q gathered at kept tokens only.
 """
 from typing import NamedTuple, Optional, Tuple
 
@@ -156,13 +159,17 @@ def _distribution_rows(rows, backend):
                                          backend=backend, **rows.p.as_kwargs())
 
 
-def _accepted(P, Q, draft_tokens, seed, offset):
-    """Leading accepted drafts per row (int64 [B]) by the rule min(1, p/q), u_i from the
-    acceptance stream of (seed, offset + i)."""
-    B, K = draft_tokens.shape
+def _at_drafts(probs, draft_tokens):
+    """float32 [B, K]: probs[b, i, d_i] for probs [B, >= K, V]."""
+    K = draft_tokens.shape[1]
     d = draft_tokens.to(torch.int64)[:, :, None]
-    p_d = P[:, :K].gather(2, d).squeeze(2)
-    q_d = Q.gather(2, d).squeeze(2)
+    return probs[:, :K].gather(2, d).squeeze(2).to(torch.float32)
+
+
+def _accepted(p_d, q_d, seed, offset):
+    """Leading accepted drafts per row (int64 [B]) by the rule min(1, p/q), from p and q at the
+    drafts ([B, K]), u_i from the acceptance stream of (seed, offset + i)."""
+    B, K = p_d.shape
     k_lo, k_hi = rng.row_keys(seed.view(B, K + 1)[:, :K].flatten(),
                               offset.view(B, K + 1)[:, :K].flatten())
     u = rng.uniform(k_lo, k_hi, torch.full_like(k_lo, ACCEPT_STREAM)).view(B, K)
@@ -232,7 +239,8 @@ def _probs_verify(rows, draft_tokens, Q, bad_draft, backend, check, target_logit
     valid = ~bad_draft & (P.sum(2) > 0).all(1)
     if check and not bool(valid.all()):
         _raise_invalid_position(target_logits, ~(P.sum(2) > 0))
-    n = torch.where(valid, _accepted(P, Q, draft_tokens, rows.seed, rows.offset), 0)
+    n = torch.where(valid, _accepted(_at_drafts(P, draft_tokens), _at_drafts(Q, draft_tokens),
+                                     rows.seed, rows.offset), 0)
     last = _residual_draw(P, Q, n, rows.seed, rows.offset)
     tokens = torch.cat([draft_tokens.to(torch.int64), last[:, None]], 1)
     tokens[torch.arange(B, device=P.device), n] = last
@@ -240,6 +248,33 @@ def _probs_verify(rows, draft_tokens, Q, bad_draft, backend, check, target_logit
     tokens = torch.where(keep, tokens, -1)
     lp = torch.log(P.gather(2, tokens.clamp_min(0)[:, :, None]).squeeze(2))
     return SpeculativeOutput(tokens, n, torch.where(keep, lp, float("-inf")))
+
+
+def _fused_probs_verify(rows, draft_tokens, draft_probs, bad_draft, check, target_logits):
+    """Draft distributions on the Triton backend: the fused launches give, per position, p_i(d_i)
+    and the token drawn as if position i were the first rejection (over p_K at i = K), with its
+    log p, from one read of each target row decided on its candidates (kernels/residual.py:
+    two for the others) and q gathered at kept tokens; then the acceptance test picks the
+    position. No [B, K + 1, V] distribution in memory, no host sync (check=False)."""
+    from . import kernels
+    B, K = draft_tokens.shape
+    out = kernels.fused_sample(rows.logits, input_ids=rows.history, prompt_lens=rows.prompt_lens,
+                               seed=rows.seed, offset=rows.offset,
+                               residual=(draft_probs, draft_tokens), **rows.p.as_kwargs())
+    tok, logp, p_d = (t.view(B, K + 1) for t in out)
+    valid = ~bad_draft & (tok >= 0).all(1)
+    if check and not bool(valid.all()):
+        _raise_invalid_position(target_logits, tok < 0)
+    n = torch.where(valid, _accepted(p_d[:, :K], _at_drafts(draft_probs, draft_tokens),
+                                     rows.seed, rows.offset), 0)
+    rows_b = torch.arange(B, device=tok.device)
+    tokens = torch.cat([draft_tokens, tok[:, K:]], 1)
+    tokens[rows_b, n] = tok[rows_b, n]
+    lp = torch.cat([torch.log(p_d[:, :K]), logp[:, K:]], 1)
+    lp[rows_b, n] = logp[rows_b, n]
+    keep = _emitted(tokens, n, valid)
+    return SpeculativeOutput(torch.where(keep, tokens, -1), n,
+                             torch.where(keep, lp, float("-inf")))
 
 
 def _greedy_verify(target_logits, draft_tokens, p, bad_draft, check):
@@ -337,6 +372,9 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
         which = params.pick_backend(backend, target_logits)
         if draft_probs is None:
             out = _draw_verify(rows, safe_drafts, bad_draft, which, check, target_logits)
+        elif which == "triton":
+            out = _fused_probs_verify(rows, safe_drafts, draft_probs, bad_draft, check,
+                                      target_logits)
         else:
             Q = torch.where(bad_draft[:, None, None], 0.0, draft_probs.to(torch.float32))
             out = _probs_verify(rows, safe_drafts, Q, bad_draft, which, check, target_logits)

@@ -25,7 +25,8 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "qi_ptr": "*i32", "x_ptr": "*i32", "bf_ptr": "*fp32", "bi_ptr": "*i32",
        "hb_ptr": "*i16", "ft_ptr": "*fp32", "boff_ptr": "*i32", "gf_ptr": "*fp32",
        "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32", "lp_ptr": "*fp32",
-       "sx_ptr": "*fp32"}
+       "sx_ptr": "*fp32", "nl_ptr": "*i64", "q_ptr": "*fp32", "d_ptr": "*i64",
+       "pf_ptr": "*fp32", "pi_ptr": "*i32", "pd_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -36,13 +37,15 @@ GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS
 
 
 def _kernel(name):
-    from . import band, history, merge, second, stats, topn
+    from . import band, history, merge, residual, second, stats, topn
     return {"top_n": topn._top_n_kernel, "band_plan": band._band_plan_kernel,
             "band_gather": band._band_gather_kernel,
             "band_finish": band._band_finish_kernel,
             "history": history._bucket_history_kernel, "stats": stats._stats_kernel,
             "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel,
-            "gather": second._gather_kernel, "finish": second._finish_kernel}[name]
+            "gather": second._gather_kernel, "finish": second._finish_kernel,
+            "residual": residual._residual_kernel,
+            "residual_finish": residual._residual_finish}[name]
 
 
 def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", maxnreg=None,
@@ -59,7 +62,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, TOPN_KB=0,
-                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, **GEOM)
+                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, KEEP_LIST=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
@@ -177,6 +180,12 @@ VARIANTS = {
     "stats:cd": ("stats", dict(CD=True, LA_T=True, BETA_T=True, num_warps=4, maxnreg=64)),
     "merge:cd": ("merge", dict(CD=True, LA_T=True, BETA_T=True, maxnreg=128)),
     "write_probs:cd": ("write_probs", dict(CD=True, HAS_MINP=True, num_warps=4)),
+    # speculative verification against draft distributions (kernels/residual.py)
+    "merge:residual": ("merge", dict(WRITE_PROBS=True, KEEP_LIST=True, maxnreg=128)),
+    "residual:solo": ("residual", dict(SOLO=True, LB=256, num_warps=8)),
+    "residual:per-row+minp+pf": ("residual", dict(PER_ROW, HAS_MINP=True, HAS_PF=True,
+                                                  SOLO=False, LB=256, num_warps=8)),
+    "residual_finish": ("residual_finish", dict(num_warps=4)),
 }
 
 

@@ -276,14 +276,16 @@ def _merge_kernel(
     NB: tl.constexpr, INV_W: tl.constexpr, LB_BLOCK: tl.constexpr, DIRTY_MAX: tl.constexpr,
     PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
-    D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr,
+    D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr = False,
 ):
     """Reads 8 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
     lies in a block that stored no candidates (one block), and for rows whose x overflowed or
     has no finite value (one pass for max xp). Writes the token and logprob (or, with
     WRITE_PROBS, the row state that _write_probs_kernel reads; with STATE both: the processed
-    top-N logprobs of kernels/topn.py read that state).
+    top-N logprobs of kernels/topn.py read that state; with KEEP_LIST, as well as that state,
+    in a sampling row's greedy-token slot the length of the candidate list where it holds the
+    row's kept set, -1 otherwise, for kernels/residual.py).
 
     With CD (contrastive decoding), first: the row's expert max Me = max of the blocks' maxima;
     blocks whose max is outside Me's head are emptied (their tokens are all -inf), and blocks
@@ -374,9 +376,9 @@ def _merge_kernel(
         gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
                             rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
                             HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
-    if STATE:
-        # the row state of processed top-N logprobs (kernels/topn.py): what is final here is
-        # stored here rather than kept live through the searches
+    if STATE or KEEP_LIST:
+        # the row state of processed top-N logprobs (kernels/topn.py) or of the residual draw:
+        # what is final here is stored here rather than kept live through the searches
         _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
     k_act = tl.zeros([], dtype=tl.int1)
     p_act = tl.zeros([], dtype=tl.int1)
@@ -571,6 +573,12 @@ def _merge_kernel(
                 best = tl.maximum(best, tb)
     if STATE:  # tau is final here unless the row pass below redoes the row (it stores its own)
         tl.store(sf_ptr + row * NS + S_TAU, tau)
+    if KEEP_LIST:
+        # a sampling row's greedy-token slot (-1) takes the list's length where the list holds
+        # the kept set (else -1): speculative verification draws the residual from it
+        # (kernels/residual.py). si_ptr is live here anyway: no register held for this.
+        if sampling:
+            tl.store(si_ptr + row * 2 + 1, tl.where(exact, n_c, -1))
 
     if pure & proven:
         z_f = Z
@@ -613,7 +621,8 @@ def _merge_kernel(
     if WRITE_PROBS:
         tl.store(sf_ptr + row * NS + S_TAU, tau)
         tl.store(sf_ptr + row * NS + S_ME, Me)
-        _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
+        if not KEEP_LIST:
+            _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
     else:
         tok = tl.where(greedy, gidx, bidx)
         tok = tl.where(valid, tok, -1)

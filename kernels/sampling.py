@@ -19,6 +19,10 @@ for the distribution), with a static workspace per
     kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
                                                               merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
+    kernels/residual.py _residual_kernel        grid (B, C)   speculative verification against
+                        _residual_finish        grid (B,)     draft distributions: p(d) and the
+                                                              residual draw, instead of the
+                                                              distribution
 
 C (chunks per row) only changes which program handles which block: every partial is per block
 and merged in block order, so tokens and logprobs are bit-identical for any C and any batch.
@@ -37,6 +41,7 @@ from .history import _bucket_history_kernel
 from .launch import edit_table, log_alpha, next_pow2, split_param
 from .band import NBI, NG, _band_finish_kernel, _band_gather_kernel, _band_plan_kernel
 from .merge import NBF, NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
+from .residual import NP, NPI, _residual_finish, _residual_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 from .topn import NRAW, _top_n_kernel
@@ -53,6 +58,7 @@ STATS_SLOTS_PF = 7 * SMS
 # 122 registers without spills (64 spilled 336 bytes, 96 spilled 24): 4 programs per SM.
 STATS_REGS_TOPN = 128
 STATS_SLOTS_TOPN = 4 * SMS
+RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 # With the row state of processed top-N logprobs the merge spills 16-20 bytes under 128 (and
@@ -314,7 +320,7 @@ def _launch_stats(c, wf, wi, cand, hb, ft):
         **c.const)
 
 
-def _launch_merge(c, work, out, write_probs, npiv, max_rounds):
+def _launch_merge(c, work, out, write_probs, npiv, max_rounds, keep_list=False):
     """The merge (kernels/merge.py), grid (B,): thresholds, draw, logprob, exact fallback."""
     g, L = c.g, c.logits
     warps = 8 if g["TILE"] >= 1024 else 4
@@ -327,7 +333,7 @@ def _launch_merge(c, work, out, write_probs, npiv, max_rounds):
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
-        num_warps=warps, R=min(g["TILE"], 32 * warps),
+        KEEP_LIST=keep_list, num_warps=warps, R=min(g["TILE"], 32 * warps),
         **_regs(MERGE_REGS_STATE if c.top.state else MERGE_REGS), **c.const)
 
 
@@ -404,12 +410,49 @@ def _launch_probs(c, sf, si):
     return probs
 
 
+def _pure_possible(c):
+    """Can a row of the call be pure temperature (_modes' rule without the launch kind)?"""
+    P, V = c.p, c.logits.shape[1]
+    return ((P["topk"].t or not 0 < P["topk"].s < V) and (P["topp"].t or P["topp"].s >= 1.0)
+            and (P["minp"].t or P["minp"].s <= 0.0) and (P["temp"].t or P["temp"].s > 0.0))
+
+
+def _launch_residual(c, sf, si, xs, q, d):
+    """Speculative verification's draws (kernels/residual.py): grid (B, C), then (B,); or
+    grid (B,) alone where no row can need the parallel second read (pure temperature, min-p
+    alone: decided from the Python scalars, like the other modes)."""
+    g, L = c.g, c.logits
+    B, dev, NT = L.shape[0], L.device, g["NT"]
+    q = q if q.stride(2) == 1 else q.contiguous()
+    solo = not (c.second or _pure_possible(c))
+    # its own chunking: stage 1's scaled to its residency (3 programs per SM against 8: as
+    # many waves), so one forced chunk forces it here too; any C gives the same result
+    cr = max(1, -(-g["C"] * RESIDUAL_SLOTS // STATS_SLOTS))
+    tpc = _cdiv(NT, cr)
+    cr = _cdiv(NT, tpc)
+    pf = _workspace((B, NP.value, NT), torch.float32, dev)
+    pi = _workspace((B, NPI.value, NT), torch.int32, dev)
+    tok, logp = _alloc((B,), torch.int64, dev), _alloc((B,), torch.float32, dev)
+    pd = _alloc((B,), torch.float32, dev)
+    _residual_kernel[(B, 1 if solo else cr)](
+        L, L.stride(0), L.shape[1], NT, NT if solo else tpc, *c.hist, *c.p["temp"].pair(),
+        *c.p["minp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair(),
+        *c.p["seed"].pair(), *c.p["off"].pair(), sf, si, *xs, g["KT"],
+        q, q.stride(0), q.stride(1), d, d.stride(0), d.shape[1] + 1, pf, pi, tok, logp, pd,
+        *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], LB=256,
+        SOLO=solo, num_warps=8, **c.const)
+    if not solo:
+        _residual_finish[(B,)](si, pf, pi, tok, logp, pd, NT, cr, NT_P2=g["NT_P2"],
+                               num_warps=4)
+    return tok, logp, pd
+
+
 def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  input_ids=None, prompt_lens=None, seed=0, offset=0, write_probs=False,
                  amateur_logits=None, cd_alpha=0.1, cd_beta=0.5, allowed_words=None,
                  logit_bias=None, top_n=0, top_n_raw=True, tile=None, npiv=8, max_rounds=64,
-                 num_warps=None, chunks=None, cand=None, plan_batch=None):
+                 num_warps=None, chunks=None, cand=None, plan_batch=None, residual=None):
     """Sample one token per row of ``logits`` [B, V] (or write the distribution).
 
     Parameters are already validated by the public layer (gpu_sampler.sample): each is a Python
@@ -430,6 +473,10 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
     [B, N]) of the raw logits (``top_n_raw``) or of the distribution sampled from
     (kernels/topn.py), from the same read: (tokens, logprobs, top_ids, top_logprobs).
     Processed top-N takes no contrastive scores (the public layer materialises them).
+    ``residual`` = (draft_probs [B', K, V] float, draft_tokens int64 [B', K]) with
+    B = B' (K + 1) (speculative verification, kernels/residual.py): returns (tokens int64 [B],
+    logprobs float32 [B], p_d float32 [B]): row b' (K + 1) + i's residual draw against
+    draft_probs[b', i] (over p at i = K), its log p, and p at draft_tokens[b', i].
     """
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -439,11 +486,11 @@ def fused_sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                             repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty,
                             frequency_penalty=frequency_penalty),
-               input_ids, prompt_lens, seed, offset, write_probs,
+               input_ids, prompt_lens, seed, offset, write_probs or residual is not None,
                (amateur_logits, cd_alpha, cd_beta), (allowed_words, logit_bias),
                (top_n, top_n_raw), dict(tile=tile, chunks=chunks, cand=cand),
                num_warps, plan_batch)
-    return _run(c, write_probs, npiv, max_rounds)
+    return _run(c, write_probs or residual is not None, npiv, max_rounds, residual)
 
 
 def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edits, top, geom,
@@ -487,7 +534,7 @@ def _stage1_budget(top_n, reuse, per_row, wide):
     return STATS_REGS, STATS_SLOTS
 
 
-def _run(c, write_probs, npiv, max_rounds):
+def _run(c, write_probs, npiv, max_rounds, residual=None):
     """The launches of one call, in order; its outputs."""
     g, dev, B = c.g, c.logits.device, c.logits.shape[0]
     NT, KT = g["NT"], g["KT"]
@@ -508,11 +555,14 @@ def _run(c, write_probs, npiv, max_rounds):
         sf, si = (c.top.sf, c.top.si) if c.top.state else (tok, tok)
     rf = _workspace((B, NR.value), torch.float32, dev) if c.second else c.logits
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
-    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds)
+    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds,
+                  residual is not None)
     if c.second:
         _launch_second(c, rf, tok, logp, sf, write_probs)
     if c.bands:
         _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
+    if residual is not None:
+        return _launch_residual(c, sf, si, xs, *residual)
     if write_probs:
         return _launch_probs(c, sf, si)
     return (tok, logp, *_launch_top_n(c, work[2])) if c.top.kb else (tok, logp)

@@ -62,8 +62,6 @@ def test_fused_mask_and_bias_equal_the_edited_rows(dtype, monkeypatch):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     if dtype == torch.bfloat16:
         return
-    again = _run(x, **fused, chunks=5, **kw)
-    assert torch.equal(again[0], got[0]) and torch.equal(again[1], got[1])
     p_got = _run(x, write_probs=True, **fused, **kw)
     assert torch.equal(p_got, _run(edits.apply_edits(x, ed), write_probs=True, **kw))
     allowed = edits.apply_edits(torch.zeros(5, V), ed) > float("-inf")

@@ -122,7 +122,7 @@ def test_bounded_rows_read_once(monkeypatch):
         assert reads.bytes == x.numel() * 4, kw
 
 
-@pytest.mark.parametrize("L,B", [(8192, 2)])  # L > 2048 and > 256 edits a block
+@pytest.mark.parametrize("L,B", [(4096, 2)])  # L > 2048 and > 256 edits a block
 def test_long_history_matches_hf(L, B):
     """Repetition (HF processor) then presence/frequency (OpenAI rule) over long histories."""
     from transformers import RepetitionPenaltyLogitsProcessor

@@ -182,7 +182,7 @@ FREQ_CASES = [
     ("torch", 20000, [2.0, 1.5, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 3.0, -4.0, 0.2, 1.1],
      dict(temperature=0.8, top_k=8, top_p=0.95)),
     ("torch", 20000, [1.0, 1.0, 0.0, -0.5, 2.0, 0.3], dict(temperature=1.3, min_p=0.1)),
-    ("triton", 400, [1.0, 1.0, 0.0, -0.5, 2.0, 0.3], dict(temperature=1.3, min_p=0.1)),
+    ("triton", 200, [1.0, 1.0, 0.0, -0.5, 2.0, 0.3], dict(temperature=1.3, min_p=0.1)),
 ]
 
 
