@@ -17,12 +17,14 @@ with G_v position i's per-token Gumbel noise (lowest id on ties): the residual d
 rejection rule and, at i = K, the bonus draw over p_K, the arithmetic of the torch twin's
 ``_residual_draw`` per token. q is gathered at kept tokens only, never read whole.
 
-    _residual_kernel  grid (R, C)  a row whose kept set is in the list: program c scans the
-                                   list's slice c (from L2, no logits), one partial; a greedy
-                                   or invalid row: c = 0 writes its token; any other row (pure
+    _residual_kernel  grid (R, C') a list row (kept set in the merge's list): program 0 scans
+                                   the list (from L2, no logits) and writes the outputs, as
+                                   for a greedy or invalid row; any other row (pure
                                    temperature, min-p alone, a row pass): each program reads
-                                   its blocks of the logits once more, one partial
-    _residual_finish  grid (R,)    reduces those rows' C partials: token, log p, p_d
+                                   its blocks of the logits once more, one partial. SOLO
+                                   (no row of the call can be pure or min-p alone): grid
+                                   (R,), the program reads the whole row and writes outputs
+    _residual_finish  grid (R,)    (not with SOLO) reduces those rows' C' partials
 
 Passes over the logits: 1 (stage 1) for rows decided on the candidates (bounded top-k, and most
 top-p / min-p rows), 2 for the others; the list scan reads ~n_list * 8 bytes of L2 and q at the

@@ -19,10 +19,11 @@ for the distribution), with a static workspace per
     kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
                                                               merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
-    kernels/residual.py _residual_kernel        grid (B, C)   speculative verification against
-                        _residual_finish        grid (B,)     draft distributions: p(d) and the
-                                                              residual draw, instead of the
-                                                              distribution
+    kernels/residual.py _residual_kernel        grid (B, C')  speculative verification against
+                                                or (B,)       draft distributions: p(d) and the
+                        _residual_finish        grid (B,)     residual draw, instead of the
+                                                              distribution (the finish only
+                                                              with the (B, C') grid)
 
 C (chunks per row) only changes which program handles which block: every partial is per block
 and merged in block order, so tokens and logprobs are bit-identical for any C and any batch.

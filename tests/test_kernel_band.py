@@ -206,8 +206,8 @@ def test_merge_compacts_only_candidates_that_can_hold_p(monkeypatch):
 def test_band_per_row_mix_min_p_and_sub_batches(monkeypatch):
     """One call mixing band rows (flat at p 0.95; tied values; flat with a min-p cut above tau,
     so the finish's draw drops band lanes by min-p) with rows the candidates finish (N(0, 3^2)
-    at T 0.6 p 0.9) and a greedy row: the twin's tokens, bit-identical at 2 chunks and on
-    sub-batches in another order."""
+    at T 0.6 p 0.9) and a greedy row: the twin's tokens, bit-identical on a
+    sub-batch in another order."""
     g = torch.Generator().manual_seed(66)
     V = 2500
     x = torch.randn(5, V, generator=g)
@@ -222,8 +222,6 @@ def test_band_per_row_mix_min_p_and_sub_batches(monkeypatch):
     assert reads.bytes["_band_gather_kernel"] == 3 * V * 4  # rows 0-2
     assert reads.bytes.get("_band_finish_kernel", 0) == 0
     _check(x, kw, tok, lp)
-    tok_c, lp_c = _run(x, chunks=2, **GEOM, **kw)
-    assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp)
-    r = torch.tensor([4, 2, 0])
+    r = torch.tensor([4, 2, 0])  # another batch composition and order
     tok_s, lp_s = _run(x[r], **GEOM, **{k: v[r] for k, v in kw.items()})
     assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])

@@ -139,9 +139,20 @@ def test_residual_draw_at_every_position_and_one_read_when_bounded(monkeypatch):
         at_drafts = torch.arange(B * (K + 1)) % (K + 1) < K  # no draft at the bonus position
         torch.testing.assert_close(p_d[at_drafts], t_pd[at_drafts], atol=1e-6, rtol=1e-5)
         assert (t_pd[at_drafts] > 0).sum() >= 3  # some drafts are in the kept sets
-    # rows read again (pure temperature): the same at one program a row as at many
+    # rows read again (pure temperature): the same at one program a row as at many, and with
+    # every scratch buffer poisoned (each is written before it is read)
     one = kernels.fused_sample(rows, seed=seed, offset=offset, residual=(q, d), chunks=1, **flat)
     assert torch.equal(one[0], tok) and torch.equal(one[1], logp) and torch.equal(one[2], p_d)
+    from gpu_sampler.kernels import sampling as ks
+
+    def poisoned(shape, dtype, device):
+        t = torch.empty(shape, dtype=dtype, device=device)
+        return t.fill_(float("nan") if dtype.is_floating_point else 0x7F7F)
+
+    monkeypatch.setattr(ks, "_workspace", poisoned)
+    bad = kernels.fused_sample(rows, seed=seed, offset=offset, residual=(q, d), **flat)
+    assert torch.equal(bad[0], tok) and torch.equal(bad[1], logp) and torch.equal(bad[2], p_d)
+    monkeypatch.undo()
     bounded = dict(temperature=0.7, top_k=torch.tensor([5, 20, 50, 1]).repeat_interleave(K + 1),
                    top_p=0.9)
     reads = LogitReads(rows, monkeypatch)

@@ -142,8 +142,8 @@ def test_long_history_matches_hf(L, B):
 
 
 def test_reduced_large_vocab():
-    """Default geometry (1024-token blocks, 64+ slots each) on V = 20000: HF's distribution,
-    the twin's tokens, and the same result at a single chunk."""
+    """Default geometry (1024-token blocks, 64+ slots each) on V = 20000: HF's distribution
+    and the twin's tokens (chunk invariance: test_chunk_count_and_batch_invariance)."""
     from hf_reference import assert_matches_hf
     gen = torch.Generator().manual_seed(9)
     B, V = 2, 20000
@@ -151,8 +151,6 @@ def test_reduced_large_vocab():
     ids = torch.randint(0, V, (B, 128), generator=gen)
     kw = dict(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2, input_ids=ids)
     tok, lp = _run(x, seed=4, offset=1, **kw)
-    tok1, lp1 = _run(x, seed=4, offset=1, chunks=1, **kw)
-    assert torch.equal(tok, tok1) and torch.equal(lp, lp1)
     tw_tok, _ = _twin_tokens(x, seed=4, offset=1, **kw)
     assert torch.equal(tok, tw_tok)
     assert_matches_hf(_run(x, write_probs=True, **kw), x.float(), "V=20000", **kw)

@@ -88,7 +88,7 @@ def test_properties_torch(problem):
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton cannot run here")
-@settings(NOT_SLOW, max_examples=8 * SCALE)
+@settings(NOT_SLOW, max_examples=5 * SCALE)
 @given(problems(max_v=300, max_b=3))
 def test_properties_triton(problem):
     _properties("triton", *problem)

@@ -165,7 +165,7 @@ def test_kernel_and_twin_draw_the_same_tokens():
     if "triton" not in BACKENDS:
         pytest.skip("triton cannot run here")
     gen = torch.Generator().manual_seed(13)
-    B, V = 24, 500
+    B, V = 16, 500
     logits = _logits("random", B, V, torch.float32, gen).to(DEVICE)
     ids = torch.randint(0, V, (B, 16), generator=gen).to(DEVICE)
     kw = dict(temperature=0.9, top_k=torch.randint(0, 60, (B,), generator=gen).to(DEVICE),
