@@ -131,6 +131,8 @@ def _per_position(v, K1):
 
 
 def _flat_rows(target_logits, draft_tokens, p, input_ids, prompt_lens, seed, offset):
+    """The call as one sampling batch of B (K + 1) rows (``_Rows``): the history is built only
+    where a penalty or ``input_ids`` needs it."""
     B, K1, V = target_logits.shape
     dev = target_logits.device
     flat = params.SamplingParams(**{k: _per_position(v, K1) for k, v in p.as_kwargs().items()})
