@@ -108,19 +108,59 @@ def _prune_bound(hist, M, k, target, k_act, p_act, NB: tl.constexpr, INV_W: tl.c
 
 
 @triton.jit
+def _lane_partials(xs_ptr, base, n, M, piv, USE_COUNT: tl.constexpr, CB: tl.constexpr,
+                   NPIV: tl.constexpr):
+    """common._pivot_partials over a list of several blocks: each lane keeps its [NPIV]
+    partials across the blocks and the CTA reduces them once (a reduction per block made a
+    wide nucleus's rounds latency-bound). The list is the same for any chunking, so is this
+    order."""
+    cnt = tl.zeros([CB, NPIV], tl.float32)
+    mass = tl.zeros([CB, NPIV], tl.float32)
+    nxt = tl.full([CB, NPIV], float("inf"), tl.float32)
+    prv = tl.full([CB, NPIV], float("-inf"), tl.float32)
+    for b0 in range(0, n, CB):
+        _, _, x = _list_block(xs_ptr, base, n, b0, CB)
+        ge = x[:, None] >= piv[None, :]
+        if USE_COUNT:
+            cnt += ge.to(tl.float32)
+        mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
+        nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
+        prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
+    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.min(nxt, axis=0), tl.max(prv, axis=0)
+
+
+@triton.jit
 def _cand_search(xs_ptr, base, n, M, lo, pv, lo_mass, target,
                  USE_COUNT: tl.constexpr, CB: tl.constexpr,
                  NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr):
     """tau = max{t : W(t) >= target} over the compacted candidates (W = count or mass of
-    x >= t). Needs W(lo) >= target; returns (tau, W_mass(tau))."""
+    x >= t). Needs W(lo) >= target; returns (tau, W_mass(tau)). A list of one block keeps
+    v2's rounds; a longer one (a wide nucleus) reduces per-lane partials once a round."""
+    if n <= CB:
+        lo, lo_mass = _search_rounds(xs_ptr, base, n, M, lo, pv, lo_mass, target, USE_COUNT,
+                                     False, CB, NPIV, MAX_ROUNDS)
+    else:
+        lo, lo_mass = _search_rounds(xs_ptr, base, n, M, lo, pv, lo_mass, target, USE_COUNT,
+                                     True, CB, NPIV, MAX_ROUNDS)
+    return lo, lo_mass
+
+
+@triton.jit
+def _search_rounds(xs_ptr, base, n, M, lo, pv, lo_mass, target, USE_COUNT: tl.constexpr,
+                   LANES: tl.constexpr, CB: tl.constexpr, NPIV: tl.constexpr,
+                   MAX_ROUNDS: tl.constexpr):
+    """_cand_search's pivot rounds, partials per block (LANES False) or per lane."""
     rounds = tl.zeros([], tl.int32)
     while (lo < pv) & (rounds < MAX_ROUNDS):
         piv = _pivots(lo, pv, NPIV)
-        cnt, mass, nxt, prv = _pivot_init(NPIV)
-        for b0 in range(0, n, CB):
-            slot, ok, x = _list_block(xs_ptr, base, n, b0, CB)
-            cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
-                                                  USE_COUNT)
+        if LANES:
+            cnt, mass, nxt, prv = _lane_partials(xs_ptr, base, n, M, piv, USE_COUNT, CB, NPIV)
+        else:
+            cnt, mass, nxt, prv = _pivot_init(NPIV)
+            for b0 in range(0, n, CB):
+                slot, ok, x = _list_block(xs_ptr, base, n, b0, CB)
+                cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt,
+                                                      prv, USE_COUNT)
         lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
                                         USE_COUNT)
         rounds += 1

@@ -279,3 +279,23 @@ def test_min_p_second_read_distribution_and_bf16():
     assert torch.equal(tok, tw_tok)
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
     assert len(set(tok.tolist())) > 3
+
+
+def test_wide_nucleus_on_the_candidates_per_lane_rounds(monkeypatch):
+    """Kept sets of 300-500 tokens that the candidates still decide (the merge's list spans
+    several 256-entry blocks, so its pivot rounds keep per-lane partials): top-p alone, top-k
+    300 alone (the count search), top-k 400 with top-p; no row pass, HF's distribution and the
+    twin's tokens."""
+    from hf_reference import assert_matches_hf
+    g = torch.Generator().manual_seed(71)
+    V = 8192
+    x = torch.randn(3, V, generator=g) * 2
+    kw = dict(temperature=0.7, top_k=torch.tensor([0, 300, 400]),
+              top_p=torch.tensor([0.8, 1.0, 0.9]))
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, seed=torch.arange(3) + 9, offset=4, **kw)
+    assert reads.bytes <= 1.5 * x.numel() * 4  # a row pass would add two passes of a row
+    tw_tok, tw_lp = _twin_tokens(x, seed=torch.arange(3) + 9, offset=4, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    assert_matches_hf(_run(x, write_probs=True, **kw), x, "wide nucleus", **kw)
