@@ -259,6 +259,47 @@ def test_stop_strings_and_user_stopping_criteria_match_hf():
     assert torch.equal(out, ref) and out.shape[1] == L + 3
 
 
+class _ScoresSpy:
+    """A stopping criterion recording the `scores` argument it is called with."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.seen.append(None if scores is None else tuple(s.clone() for s in scores))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@pytest.mark.parametrize("dict_scores", [True, False], ids=["output_scores", "plain"])
+def test_stopping_criteria_get_transformers_scores_argument(dict_scores):
+    """transformers calls the stopping criteria with the processed scores so far (a tuple of
+    [B, V] per step) under return_dict_in_generate + output_scores, else with None; its own
+    ConfidenceCriteria (which assisted decoding gives the assistant) reads `scores[-1][0]`."""
+    from transformers.generation.stopping_criteria import ConfidenceCriteria
+
+    model = tiny_model("llama", seed=40)
+    ids, mask = left_padded([6, 3], 40)
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, repetition_penalty=1.3,
+              return_dict_in_generate=dict_scores, output_scores=dict_scores)
+    ref_spy, spy = _ScoresSpy(), _ScoresSpy()
+    ref = model.generate(ids, stopping_criteria=[ref_spy], **kw)
+    out = generate(model, ids, stopping_criteria=[spy], **kw)
+    assert torch.equal(out.sequences if dict_scores else out, ref.sequences if dict_scores else ref)
+    assert len(spy.seen) == len(ref_spy.seen)
+    for got, want in zip(spy.seen, ref_spy.seen):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    if dict_scores:  # batch 1, as transformers' assistant runs it
+        kw = dict(max_new_tokens=8, do_sample=False, return_dict_in_generate=True,
+                  output_scores=True, stopping_criteria=[ConfidenceCriteria(0.5)])
+        ref = model.generate(ids[1:, 3:], **kw)
+        out = generate(model, ids[1:, 3:], **kw)
+        assert torch.equal(out.sequences, ref.sequences)
+
+
 def test_patch_unpatch(monkeypatch):
     model = tiny_model("gpt2", seed=15)
     ids, mask = left_padded([4, 2], _seed())

@@ -138,6 +138,29 @@ def test_encoder_decoder_model_runs_greedy_and_falls_back_for_refusals_token_ide
     assert torch.equal(out, ref_beams)
 
 
+def test_beam_search_without_cache_is_transformers_call():
+    """num_beams > 1 with use_cache=False: transformers feeds the whole sequence each step, so
+    the per-step hidden states / attentions span it and no cache is returned. gpu_sampler's
+    beam loop always runs on a cache: it refuses the call, and the patched model hands it over."""
+    model = tiny_model("llama", seed=41)
+    model.config._attn_implementation = "eager"
+    ids, mask = _prompts(41)
+    kw = dict(attention_mask=mask, max_new_tokens=3, num_beams=2, do_sample=False,
+              use_cache=False, return_dict_in_generate=True, output_scores=True,
+              output_hidden_states=True, output_attentions=True)
+    ref = model.generate(ids, **kw)
+    with pytest.raises(Unsupported, match="use_cache=False"):
+        generate(model, ids, **kw)
+    patch(model)
+    with pytest.warns(UserWarning, match="use_cache=False"):
+        out = model.generate(ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.past_key_values is None and ref.past_key_values is None
+    for name in ("hidden_states", "attentions"):
+        got, want = getattr(out, name), getattr(ref, name)
+        assert [[t.shape for t in step] for step in got] == [[t.shape for t in step] for step in want]
+
+
 def test_supported_calls_do_not_warn():
     model = patch(tiny_model("gpt2", seed=36))
     ids, mask = _prompts(36)

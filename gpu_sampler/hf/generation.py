@@ -219,6 +219,8 @@ class _Stop:
         return tok
 
     def update(self, plan, tok, sequences, scores):
+        """`scores`: what transformers hands its stopping criteria, the processed scores so far
+        (a tuple, under return_dict_in_generate + output_scores) or None."""
         if plan.has_eos:
             self.unfinished &= ~torch.isin(tok, plan.eos)
         if len(plan.host_crit):
@@ -248,7 +250,8 @@ def _decode(model, plan, bufs, streamer):
         bufs.append(cur, tok)
         if streamer is not None:
             streamer.put(tok.cpu())
-        stop.update(plan, tok, bufs.out[:, :cur + 1], scores)
+        stop.update(plan, tok, bufs.out[:, :cur + 1],
+                    tuple(outputs.scores) if plan.want_scores else None)
         if i == inp.max_new - 1:
             break
         if (sync_every_step or (i + 1) % _CHECK_EVERY == 0) and stop.all_done():

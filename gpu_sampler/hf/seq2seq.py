@@ -119,7 +119,6 @@ class _Recorded:
     dec_attn: list = dataclasses.field(default_factory=list)
     cross: list = dataclasses.field(default_factory=list)
     hidden: list = dataclasses.field(default_factory=list)
-    last_scores: Any = None
 
 __all__ = ["generate", "generate_delegated", "supports"]
 
@@ -504,7 +503,9 @@ def _decode(model, run, st, streamer):
         if run.has_eos:
             unfinished &= ~torch.isin(tok, run.eos)
         if len(run.host_crit):
-            unfinished &= ~run.host_crit(st.out[:, :cur + 1], rec.last_scores).to(device)
+            # transformers' `scores` argument: the processed scores so far, or None
+            unfinished &= ~run.host_crit(st.out[:, :cur + 1], tuple(rec.scores) if run.want_scores
+                                         else None).to(device)
         if i == run.max_new - 1:
             break
         if sync_every_step or (i + 1) % _CHECK_EVERY == 0:
@@ -538,7 +539,6 @@ def _choose(run, st, rec, step, cur):
     scores = logits
     if len(run.torch_procs):
         scores = run.torch_procs(st.out[:, :cur], scores)
-    rec.last_scores = scores
     if run.want_scores:
         rec.scores.append(processed_logits_reference(
             run.edits.apply(scores, cur), input_ids=st.hist, prompt_lens=run.L0, **run.ref_kw))
