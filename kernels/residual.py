@@ -101,31 +101,48 @@ def _store_partial(pf, pi, slot, NT, rm, rb, rid, rp, pb, pid, pp, pd):
 
 
 @triton.jit
+def _lanes_init(N: tl.constexpr):
+    """Per-lane partials (R, p_d sums; residual and plain maxima: score, id, p), empty."""
+    zero = tl.zeros([N], tl.float32)
+    ninf = tl.full([N], float("-inf"), tl.float32)
+    none = tl.full([N], NO_ID, tl.int32)
+    return zero, zero, ninf, none, zero, ninf, none, zero
+
+
+@triton.jit
+def _lanes_add(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1, rm, pd, rb, rid, rp, pb, pid,
+               pp):
+    """One vector of tokens into the per-lane partials (no cross-lane reduction)."""
+    r, p, rs, ps, pd_v = _scores(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1)
+    rb, rid, rp = _better(rs, ids, p, rb, rid, rp)
+    pb, pid, pp = _better(ps, ids, p, pb, pid, pp)
+    return rm + r, pd + pd_v, rb, rid, rp, pb, pid, pp
+
+
+@triton.jit
+def _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp):
+    """The per-lane partials reduced once: (R, residual max (score, id, p), plain max, p_d)."""
+    rb1, rid1, rp1 = _best(rb, rid, rp)
+    pb1, pid1, pp1 = _best(pb, pid, pp)
+    return tl.sum(rm, axis=0), rb1, rid1, rp1, pb1, pid1, pp1, tl.sum(pd, axis=0)
+
+
+@triton.jit
 def _list_part(xs_ptr, is_ptr, base, lo, hi, M, tau, minp, inv_z, qrow, d, k0, k1,
                LB: tl.constexpr):
     """The partial of list entries [lo, hi): (R, residual max (score, id, p), plain max,
     p_d). Per-lane maxima and sums, reduced once at the end: an iteration is two dependent
     loads and arithmetic, no cross-lane reduction (a long list, e.g. a wide nucleus, is one
     program's loop)."""
-    zero = tl.zeros([LB], tl.float32)
-    ninf = tl.full([LB], float("-inf"), tl.float32)
-    none = tl.full([LB], NO_ID, tl.int32)
-    rm, pd = zero, zero
-    rb, rid, rp = ninf, none, zero
-    pb, pid, pp = ninf, none, zero
+    rm, pd, rb, rid, rp, pb, pid, pp = _lanes_init(LB)
     for b0 in range(lo, hi, LB):
         idx = b0 + tl.arange(0, LB)
         ok = idx < hi
         x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
         ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
-        r, p, rs, ps, pd_v = _scores(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1)
-        rm += r
-        pd += pd_v
-        rb, rid, rp = _better(rs, ids, p, rb, rid, rp)
-        pb, pid, pp = _better(ps, ids, p, pb, pid, pp)
-    rb1, rid1, rp1 = _best(rb, rid, rp)
-    pb1, pid1, pp1 = _best(pb, pid, pp)
-    return tl.sum(rm, axis=0), rb1, rid1, rp1, pb1, pid1, pp1, tl.sum(pd, axis=0)
+        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, ok, M, tau, minp, inv_z, qrow, d,
+                                                      k0, k1, rm, pd, rb, rid, rp, pb, pid, pp)
+    return _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp)
 
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "seed_s", "off_s"])
@@ -215,26 +232,16 @@ def _read_part(lrow, erow, brow, xrow, arow, la_ptr, la_s, beta_ptr, beta_s, tem
     me = tl.load(sf_ptr + row * NS + S_ME)
     ovf = (flags & 4) != 0
     xpmax = tl.load(sf_ptr + row * NS + S_XPMAX)
-    zero = tl.zeros([TILE], tl.float32)
-    ninf = tl.full([TILE], float("-inf"), tl.float32)
-    none = tl.full([TILE], NO_ID, tl.int32)
-    rm, pd = zero, zero
-    rb, rid, rp = ninf, none, zero
-    pb, pid, pp = ninf, none, zero
+    rm, pd, rb, rid, rp, pb, pid, pp = _lanes_init(TILE)
     for t in range(t0, t1):
         offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres,
                                                  freq, TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
                                                  HAS_BIAS, arow, la, beta, me, CD, False)
         x = _tempered(xp, tdiv, ovf, xpmax)
         ids = offs.to(tl.int32)
-        r, p, rs, ps, pd_v = _scores(x, ids, inb, M, tau, minp, inv_z, qrow, d, k0, k1)
-        rm += r
-        pd += pd_v
-        rb, rid, rp = _better(rs, ids, p, rb, rid, rp)
-        pb, pid, pp = _better(ps, ids, p, pb, pid, pp)
-    rb1, rid1, rp1 = _best(rb, rid, rp)
-    pb1, pid1, pp1 = _best(pb, pid, pp)
-    return tl.sum(rm, axis=0), rb1, rid1, rp1, pb1, pid1, pp1, tl.sum(pd, axis=0)
+        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, inb, M, tau, minp, inv_z, qrow, d,
+                                                      k0, k1, rm, pd, rb, rid, rp, pb, pid, pp)
+    return _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp)
 
 
 @triton.jit
