@@ -141,6 +141,38 @@ def test_stopping_criteria_and_max_new_tokens_mid_draft():
     assert out.shape[1] == 10 + 19 or not stop[0](out, None).all()
 
 
+class _Spy(StoppingCriteria):
+    """Records each call's (generated length, scores argument); never stops a row."""
+
+    def __init__(self, L0):
+        self.L0, self.calls = L0, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append((input_ids.shape[1] - self.L0, scores))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@pytest.mark.parametrize("report", [False, True])
+def test_stopping_criteria_get_what_transformers_hands_them(report):
+    # transformers hands criteria the processed scores so far (a tuple of [B, V]) under
+    # return_dict_in_generate + output_scores, else None; here per row and per emitted token.
+    target = tiny_model("llama", seed=5)
+    ids, _ = _batch(1, 10, seed=4)
+    spy = _Spy(10)
+    out = generate(target, ids, assistant_model=_assistant(target), max_new_tokens=9,
+                   do_sample=False, stopping_criteria=StoppingCriteriaList([spy]),
+                   return_dict_in_generate=True, output_scores=report)
+    assert [n for n, _ in spy.calls] == list(range(1, 10))
+    for n, scores in spy.calls:
+        if not report:
+            assert scores is None
+            continue
+        assert isinstance(scores, tuple) and len(scores) == n
+        for a, b in zip(scores, out.scores):
+            assert torch.equal(a, b)
+
+
+
 def test_returned_cache_equals_plain_generate(packs):
     target = tiny_model("llama", seed=5)
     ids, mask = _batch(3, 10, seed=2)

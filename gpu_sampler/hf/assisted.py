@@ -211,13 +211,15 @@ def _step(model, run_, prog, streamer):
     for i in range(scores.shape[1]):
         scores[:, i] = process_rows(rows, drafts.tokens, i, scores[:, i])
     emitted = _verify(run_, rows, drafts, scores)
-    counts = _emit(run_, prog, rows, emitted, scores)
+    processed = _processed(plan, rows, drafts, scores) if plan.want_scores else None
+    counts = _emit(run_, prog, rows, emitted, processed)
     prog.packed |= slots.settle(bufs, start, counts, rows.live)
     bufs.next_pos = bufs.next_pos + counts.to(dev)
     run_.drafter.settle(rows, emitted, counts)
     run_.drafter.update(drafts.lengths, counts, rows.live)
     if plan.want_scores or plan.want_logits:
-        prog.records.append(_record(plan, rows, drafts, raw, scores, counts))
+        prog.records.append(_Record(rows.n.clone(), counts, processed,
+                                    raw if plan.want_logits else None))
     if streamer is not None:
         streamer.put(emitted[:, :int(counts[0])])
     prog.n += counts
@@ -250,10 +252,11 @@ def _verify(run_, rows, drafts, scores):
     return emitted
 
 
-def _emit(run_, prog, rows, emitted, scores):
+def _emit(run_, prog, rows, emitted, processed):
     """Write the live rows' emitted tokens into the sequences, cut after the first that stops
-    the row (EOS, max_new_tokens, a stopping criterion); marks finished rows. Returns the
-    number of tokens each row emitted, int64 [B] host."""
+    the row (EOS, max_new_tokens, a stopping criterion); marks finished rows. `processed`: the
+    step's reported scores [B, W, V] (output_scores) or None. Returns the number of tokens each
+    row emitted, int64 [B] host."""
     plan, bufs = run_.plan, run_.bufs
     inp = plan.inputs
     W = emitted.shape[1]
@@ -271,22 +274,32 @@ def _emit(run_, prog, rows, emitted, scores):
     bufs.out[rd, cols] = tok
     bufs.hist[rd, cols] = tok
     if len(plan.host_crit):
-        counts, done = _criteria(plan, bufs, rows, scores, counts, done)
+        counts, done = _criteria(plan, bufs, prog, rows, processed, counts, done)
     prog.done |= done & rows.live
     return counts
 
 
-def _criteria(plan, bufs, rows, scores, counts, done):
+def _criteria(plan, bufs, prog, rows, processed, counts, done):
     """The host stopping criteria after each emitted token of each live row, on the row's own
-    sequence: a row stops at the first token they flag."""
+    sequence: a row stops at the first token they flag. Their `scores` argument is what
+    transformers hands them: the row's reported scores so far, a tuple of [1, V] (under
+    return_dict_in_generate + output_scores), else None."""
     counts, done = counts.clone(), done.clone()
     for b in rows.live.nonzero().flatten().tolist():
         end = rows.L0 + int(rows.n[b])
+        before = _row_scores(prog.records, b) if processed is not None else None
         for j in range(int(counts[b])):
-            if bool(plan.host_crit(bufs.out[b:b + 1, :end + j + 1], scores[b:b + 1, j])[0]):
+            so_far = None if processed is None else before + tuple(
+                processed[b:b + 1, i] for i in range(j + 1))
+            if bool(plan.host_crit(bufs.out[b:b + 1, :end + j + 1], so_far)[0]):
                 counts[b], done[b] = j + 1, True
                 break
     return counts, done
+
+
+def _row_scores(records, b):
+    """Row b's reported scores of the earlier steps, a tuple of [1, V]."""
+    return tuple(rec.scores[b:b + 1, i] for rec in records for i in range(int(rec.counts[b])))
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -298,13 +311,11 @@ class _Record:
     logits: Any                 # float32 [B, W, V] raw logits, or None
 
 
-def _record(plan, rows, drafts, raw, scores, counts):
-    processed = None
-    if plan.want_scores:
-        processed = torch.stack([processed_logits_reference(
-            scores[:, i], input_ids=rows.history(drafts.tokens, i), prompt_lens=rows.L0,
-            **plan.ref_kw) for i in range(scores.shape[1])], 1)
-    return _Record(rows.n.clone(), counts, processed, raw if plan.want_logits else None)
+def _processed(plan, rows, drafts, scores):
+    """The step's scores as output_scores reports them, float32 [B, W, V]."""
+    return torch.stack([processed_logits_reference(
+        scores[:, i], input_ids=rows.history(drafts.tokens, i), prompt_lens=rows.L0,
+        **plan.ref_kw) for i in range(scores.shape[1])], 1)
 
 
 def _per_token(records, field, B, N):
