@@ -25,8 +25,8 @@ fails validation.
 import triton
 import triton.language as tl
 
-from .common import (EMPTY_SLOT, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row, _cand_id,
-                     _cand_x, _gumbel, _head, _param, _penalised_tile, _pivot_init,
+from .common import (EMPTY_SLOT, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row, _best,
+                     _better, _cand_id, _cand_x, _gumbel, _head, _param, _penalised_tile, _pivot_init,
                      _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key, _row_scale,
                      _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
@@ -88,6 +88,39 @@ def _list_block(xs_ptr, base, n, b0, CB: tl.constexpr):
     ok = idx < n
     x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
     return base + idx, ok, x
+
+
+@triton.jit
+def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1, z_f, best, bidx, bx,
+               WRITE_PROBS: tl.constexpr, LB: tl.constexpr):
+    """The draw over the row's list (its kept set: x >= tau, e^(x - M) >= min_p): (Z_f, best
+    score, its token (lowest id on a tie; the list is in id order except for re-read dirty
+    blocks' tokens, appended), its x); the inputs are returned where nothing is kept.
+    Per-lane sums and maxima, reduced once after the loop: an iteration is two loads, the hash
+    and logs, no cross-lane reduction (a wide nucleus or a min-p set is ~15 iterations)."""
+    zl = tl.zeros([LB], tl.float32)
+    sb = tl.full([LB], float("-inf"), tl.float32)
+    sid = tl.full([LB], NO_ID, tl.int32)
+    sx = tl.zeros([LB], tl.float32)
+    for b0 in range(0, n_c, LB):
+        slot, ok, x = _list_block(xs_ptr, base, n_c, b0, LB)
+        e = tl.exp(x - M)
+        keep = ok & (x >= tau) & (e >= minp)
+        zl += tl.where(keep, e, 0.0)
+        if not WRITE_PROBS:
+            ids = tl.load(is_ptr + slot, mask=ok, other=0)
+            score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
+            # x of tokens not kept is 0, not -inf: a masked lane's id (0) may equal the
+            # winner's, and _best sums x over the lanes holding the winner's id
+            sb, sid, sx = _better(score, ids, tl.where(keep, x, 0.0), sb, sid, sx)
+    z_f += tl.sum(zl, axis=0)
+    if not WRITE_PROBS:
+        tb, tid, tx = _best(sb, sid, sx)
+        found = tb > float("-inf")
+        bidx = tl.where(found, tid.to(tl.int64), bidx)
+        bx = tl.where(found, tx, bx)
+        best = tl.maximum(best, tb)
+    return z_f, best, bidx, bx
 
 
 @triton.jit
@@ -432,11 +465,13 @@ def _merge_kernel(
     # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
     # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
     # approximate score s = fl(x' + G) (x' = fl(xp * fl(1 / T)) clamped at -FLT_MAX, within 4
-    # ulps of x), that token's xp and id, and s2 = the block's next best s. The exact score
+    # ulps of x; G from _gumbel_fast, within GUMBEL_FAST_ERR = 2^-18 of _gumbel's), that
+    # token's xp and id, and s2 = the block's next best s. The exact score
     # fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M) +
     # 2^-20 (A_t + |M| + 64),
-    # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between total at most
-    # 2^-24 (8 A_t + 3 |M| + 53) (|G| <= 17.4, or G = +inf, which makes s2 = U_t = +inf).
+    # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between and G's error total at most
+    # 2^-24 (8 A_t + 3 |M| + 53 + 64) (|G| <= 17.4, or G = +inf in both, which makes s2 =
+    # U_t = +inf).
     # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
     # lowest id, the same token the row pass draws; else the row takes the fallback.
     exact = sampling & (~ovf)
@@ -594,23 +629,8 @@ def _merge_kernel(
     bidx = row * 0 - 1
     bx = tl.zeros([], tl.float32)
     if exact:
-        for b0 in range(0, n_c, LB_BLOCK):
-            slot, ok, x = _list_block(xs_ptr, base, n_c, b0, LB_BLOCK)
-            e = tl.exp(x - M)
-            keep = ok & (x >= tau) & (e >= minp)
-            z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
-            if not WRITE_PROBS:
-                ids = tl.load(is_ptr + slot, mask=ok, other=0)
-                score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
-                tb = tl.max(score, axis=0)
-                # lowest id on an exact score tie: the list is in id order except for the
-                # tokens of re-read (dirty) blocks, appended at its end
-                tid = tl.min(tl.where(keep & (score == tb), ids, 2147483647), axis=0)
-                hit = keep & (ids == tid)
-                upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
-                bidx = tl.where(upd, tid.to(tl.int64), bidx)
-                bx = tl.where(upd, tl.max(tl.where(hit, x, float("-inf")), axis=0), bx)
-                best = tl.maximum(best, tb)
+        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1,
+                                         z_f, best, bidx, bx, WRITE_PROBS, LB_BLOCK)
     if STATE:  # tau is final here unless the row pass below redoes the row (it stores its own)
         tl.store(sf_ptr + row * NS + S_TAU, tau)
     if KEEP_LIST:

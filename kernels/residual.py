@@ -33,15 +33,14 @@ kept tokens.
 import triton
 import triton.language as tl
 
-from .common import (NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _gumbel, _param, _penalised_tile,
-                     _row_key, _row_scale, _tempered)
+from .common import (NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _best, _better, _gumbel,
+                     _param, _penalised_tile, _row_key, _row_scale, _tempered)
 
 # per-program partials of a row read again (float32 [R, NP, NT], int32 [R, NPI, NT]; C <= NT)
 P_RM, P_RS, P_RP, P_PS, P_PP, P_PD = (tl.constexpr(i) for i in range(6))
 NP = tl.constexpr(6)
 P_RID, P_PID = (tl.constexpr(i) for i in range(2))
 NPI = tl.constexpr(2)
-NO_ID = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -59,23 +58,6 @@ def _scores(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1):
     rs = tl.where(r > 0.0, tl.log(r) + g, float("-inf"))
     ps = tl.where(p > 0.0, tl.log(p) + g, float("-inf"))
     return r, p, rs, ps, tl.where(kept & (ids == d), p, 0.0)
-
-
-@triton.jit
-def _best(s, ids, p):
-    """(best score, its lowest id (NO_ID if none is finite), that token's p)."""
-    b = tl.max(s, axis=0)
-    bid = tl.min(tl.where((s == b) & (s > float("-inf")), ids, NO_ID), axis=0)
-    bp = tl.sum(tl.where(ids == bid, p, 0.0), axis=0)
-    return b, bid, bp
-
-
-@triton.jit
-def _better(b, bid, bp, cb, cid, cp):
-    """Merge two (score, id, p) maxima (scalars or per lane): the larger score, the lower id
-    on a tie."""
-    upd = (b > cb) | ((b == cb) & (bid < cid))
-    return tl.where(upd, b, cb), tl.where(upd, bid, cid), tl.where(upd, bp, cp)
 
 
 @triton.jit

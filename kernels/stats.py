@@ -40,7 +40,7 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _gumbel, _pack_cand, _param, _penalised_tile,
+from .common import (BAND_S, NBIN, _band_bin, _gumbel_fast, _pack_cand, _param, _penalised_tile,
                      _pure_row, _row_key, _row_scale)
 from .topn import _block_raw, _block_raw_cands, _block_top
 
@@ -198,13 +198,14 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
     token of the block.
     The merge recomputes the exact score fl(fl(xp / T - M) + G) of each block's best and
     proves the row's winner against the bounds s2 (kernels/README.md); x = -inf tokens (and
-    padding lanes) never score. Per lane: the hash, two logs, one multiply (no division: s
-    only has to be close, the merge's slack covers x' - x)."""
+    padding lanes) never score. Per lane: the hash, two short-polynomial logs (_gumbel_fast),
+    one multiply: s only has to be close (no division, no libdevice log), the merge's slack
+    covers x' - x and G's GUMBEL_FAST_ERR, and it recomputes each block's best with _gumbel."""
     # x' is clamped at -FLT_MAX: near it the product can overflow where the quotient does not
     # (x finite, x' = -inf), and such a token must still score (or s = -inf + inf = NaN)
     rinv = 1.0 / tdiv
     xq = tl.maximum(v * rinv, -3.4028234663852886e38)
-    s = tl.where(v > float("-inf"), xq + _gumbel(k0, k1, offs), float("-inf"))
+    s = tl.where(v > float("-inf"), xq + _gumbel_fast(k0, k1, offs), float("-inf"))
     lane = tl.arange(0, TILE)
     ib = tl.argmax(s, 0, tie_break_left=True)
     hit = lane == ib

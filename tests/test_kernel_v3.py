@@ -10,6 +10,16 @@ from test_kernel_v2 import LogitReads, _run, _twin_tokens
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
                                 reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
 
+if "triton" in BACKENDS:
+    import triton
+    import triton.language as tl
+    from gpu_sampler.kernels import common
+
+    @triton.jit
+    def _fast_gumbel_kernel(u_ptr, f_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(f_ptr + offs, common._gumbel_of_fast(tl.load(u_ptr + offs)))
+
 
 def _rows(V, g):
     """Four row kinds: N(0, 3^2), flat with integer ties, power-law, and a row with -inf
@@ -100,6 +110,37 @@ def _seed_with_infinite_gumbel(V, want_two_in_block=None):
         if hit.any():
             return s, hit.nonzero()[:, 0]
     raise AssertionError("no seed found")
+
+
+def test_fast_gumbel_within_its_bound_for_every_u():
+    """Stage 1's approximate scores use _gumbel_of_fast (short-polynomial logs): over all 2^24
+    values u takes, |G_fast - G| <= GUMBEL_FAST_ERR against the twin's fp32 -log(-log u) (the
+    merge's slack budgets that much), and G_fast = +inf exactly where G is (u = 1)."""
+    h = torch.arange(1 << 24, dtype=torch.float32)
+    u = (h + 0.5) * 5.9604644775390625e-08  # rng.uniform's u, every value
+    fast = torch.empty_like(u)
+    _fast_gumbel_kernel[(u.numel() >> 16,)](u, fast, BLOCK=1 << 16)
+    ref = -torch.log(-torch.log(u))
+    assert torch.equal(torch.isinf(fast), torch.isinf(ref)) and int(torch.isinf(ref).sum()) == 1
+    fin = torch.isfinite(ref)
+    assert float((fast[fin] - ref[fin]).abs().max()) <= common.GUMBEL_FAST_ERR
+
+
+def test_list_draw_won_by_token_zero():
+    """The merge's draw over its list keeps per-lane maxima: token 0 winning must report its
+    own x (a masked lane also carries id 0), so a finite logprob equal to the twin's; top-p and
+    min-p rows whose kept sets (1 token, then 3 with a wide min-p list) start at token 0."""
+    g = torch.Generator().manual_seed(8)
+    V = 700
+    x = torch.randn(3, V, generator=g)
+    x[:, 0] = 9.0
+    x[2, 1:3] = 8.5
+    kw = dict(temperature=1.0, top_p=torch.tensor([0.5, 1.0, 1.0]),
+              min_p=torch.tensor([0.0, 0.5, 0.001]), seed=3, offset=torch.arange(3))
+    tok, lp = _run(x, tile=64, **kw)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok) and tok[0] == 0 and torch.isfinite(lp).all()
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
 
 
 def test_infinite_gumbel_noise_wins():
