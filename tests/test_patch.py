@@ -125,7 +125,7 @@ def test_encoder_decoder_model_runs_greedy_and_falls_back_for_refusals_token_ide
     ids = torch.randint(2, 200, (2, 7), generator=torch.Generator().manual_seed(35))
     ref = model.generate(ids, max_new_tokens=6, do_sample=False)
     ref_beams = model.generate(ids, max_new_tokens=6, do_sample=False, num_beams=2,
-                               use_cache=False)
+                               cache_implementation="static")
     gpu_sampler.patch(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -134,7 +134,7 @@ def test_encoder_decoder_model_runs_greedy_and_falls_back_for_refusals_token_ide
     assert torch.equal(out, ref)
     with pytest.warns(UserWarning, match="encoder-decoder"):
         out = model.generate(ids, max_new_tokens=6, do_sample=False, num_beams=2,
-                             use_cache=False)
+                             cache_implementation="static")
     assert torch.equal(out, ref_beams)
 
 

@@ -263,7 +263,7 @@ def test_patched_generate_runs_without_fallback_and_refusals_fall_back():
     ids, mask = _batch(11)
     greedy = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
     beams = dict(greedy, num_beams=2)
-    refused = dict(beams, use_cache=False)
+    refused = dict(beams, encoder_repetition_penalty=1.5)
     refs = [model.generate(ids, **kw) for kw in (greedy, beams, refused)]
     gpu_sampler.patch(model)
     with warnings.catch_warnings(record=True) as record:
@@ -271,7 +271,7 @@ def test_patched_generate_runs_without_fallback_and_refusals_fall_back():
         assert torch.equal(model.generate(ids, **greedy), refs[0])
         assert torch.equal(model.generate(ids, **beams), refs[1])
     assert not [w for w in record if "gpu_sampler" in str(w.message)]
-    with pytest.warns(UserWarning, match="beam search on encoder-decoder"):
+    with pytest.warns(UserWarning, match="encoder_repetition_penalty"):
         assert torch.equal(model.generate(ids, **refused), refs[2])
     with pytest.raises(Unsupported):
         generate(model, ids, **refused)
@@ -307,8 +307,9 @@ def test_refusals_come_before_the_encoder_runs():
     ids, mask = _batch(12)
     calls = []
     model.get_encoder().register_forward_hook(lambda *a: calls.append(1))
-    for kw in (dict(num_beams=2, use_cache=False), dict(encoder_repetition_penalty=1.5),
-               dict(compile=True), dict(penalty_alpha=0.5, top_k=4)):
+    for kw in (dict(num_beams=2, cache_implementation="static"),
+               dict(encoder_repetition_penalty=1.5), dict(compile=True),
+               dict(penalty_alpha=0.5, top_k=4)):
         with pytest.raises(Unsupported):
             generate(model, ids, attention_mask=mask, max_new_tokens=3, **kw)
     assert not calls
@@ -329,13 +330,15 @@ def test_beam_search_matches_transformers(arch, kw):
     assert torch.equal(out, ref)
 
 
-def test_beam_search_decoder_prompt_and_eos_match_transformers():
+@pytest.mark.parametrize("use_cache", (True, False))
+def test_beam_search_decoder_prompt_and_eos_match_transformers(use_cache):
     model = tiny_seq2seq("bart", seed=15)
     ids, mask = _batch(15)
     dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
     dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=2,
-              repetition_penalty=1.4, decoder_input_ids=dec, decoder_attention_mask=dec_mask)
+              repetition_penalty=1.4, decoder_input_ids=dec, decoder_attention_mask=dec_mask,
+              use_cache=use_cache)
     eos = int(model.generate(ids, eos_token_id=None, **kw)[0, 6])
     for e in (None, eos):
         ref = model.generate(ids, eos_token_id=e, pad_token_id=0, **kw)
@@ -358,6 +361,38 @@ def test_beam_search_return_dict_field_by_field(arch):
         assert (a is None) == (b is None), field
         if b is not None:
             assert_same(a, b, field)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_beam_search_without_cache_matches_transformers(arch):
+    """num_beams > 1 with use_cache=False: the whole decoder sequence every step (transformers'
+    per-step attentions / hidden states span it), no cache returned."""
+    model = tiny_seq2seq(arch, seed=19, attn="eager")
+    ids, mask = _batch(19)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=2,
+              repetition_penalty=1.3, use_cache=False, return_dict_in_generate=True,
+              output_scores=True, output_logits=True, output_attentions=True,
+              output_hidden_states=True)
+    ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
+    assert type(out) is type(ref) and out.past_key_values is None and ref.past_key_values is None
+    for field in ("sequences", "sequences_scores", "scores", "logits", "beam_indices",
+                  "decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        assert_same(getattr(out, field), getattr(ref, field), field)
+    assert out.decoder_hidden_states[-1][0].shape[1] > 1  # the whole sequence was fed
+
+
+def test_beam_sampling_with_and_without_cache_draws_alike_under_patch():
+    """transformers' own T5 test (create_and_check_generate_with_past_key_values): beam
+    sampling with and without a cache, same torch seed, same tokens. Both calls must run one
+    loop: a refused use_cache=False call ran transformers' random stream, the other ours."""
+    model = tiny_seq2seq("t5", seed=20)
+    ids, _ = _batch(20)
+    gpu_sampler.patch(model, fallback=False)
+    kw = dict(num_beams=2, max_length=5, do_sample=True)
+    torch.manual_seed(0)
+    without = model.generate(ids[:1], use_cache=False, **kw)
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(ids[:1], **kw), without)
 
 
 def test_beam_sampling_is_reproducible_with_a_seed():

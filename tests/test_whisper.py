@@ -152,16 +152,18 @@ def test_token_timestamps_match_transformers(ran):
     assert_same(out["token_timestamps"], ref["token_timestamps"])
 
 
-@pytest.mark.parametrize("num_beams", (1, 2))
+@pytest.mark.parametrize("num_beams,use_cache", [(1, True), (2, True), (2, False)],
+                         ids=["greedy", "beams", "beams-no-cache"])
 def test_long_form_conditioned_on_previous_segments_matches_transformers(
-        monkeypatch, ran, num_beams):
+        monkeypatch, ran, num_beams, use_cache):
     """Several inner calls per input; later ones start from the previous segments, left-padded
-    with a decoder_attention_mask, where Whisper's positions count attended tokens."""
+    with a decoder_attention_mask, where Whisper's positions count attended tokens (without a
+    cache, over the whole decoder sequence each step)."""
     model, x = tiny_whisper(2), features(2, 2, frames=3 * FRAMES)
     mask = torch.ones(2, 3 * FRAMES, dtype=torch.long)
     mask[1, 190:] = 0
     kw = dict(language="fr", max_new_tokens=10, attention_mask=mask, return_timestamps=True,
-              condition_on_prev_tokens=True, num_beams=num_beams)
+              condition_on_prev_tokens=True, num_beams=num_beams, use_cache=use_cache)
     ref = model.generate(x, **kw)
     padded, real = [], seq2seq.decoder_positions
     monkeypatch.setattr(seq2seq, "decoder_positions",
@@ -169,7 +171,9 @@ def test_long_form_conditioned_on_previous_segments_matches_transformers(
     out = _patched_quietly(gpu_sampler.patch(model), x, **kw)
     assert torch.equal(out, ref)
     assert len(ran) > 1 and all(ran)
-    assert num_beams > 1 or any(padded)  # the rule mattered (beams take the loop's positions)
+    # Greedy: the rule mattered (left-padded prompts). Beams on a cache take the loop's
+    # positions; without one the rule runs over the whole sequence each step.
+    assert any(padded) if num_beams == 1 else bool(padded) != use_cache
 
 
 def test_temperature_fallback_rounds_match_transformers(ran):

@@ -143,7 +143,8 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
 
     Encoder-decoder models pass ``decoder`` (from :mod:`gpu_sampler.hf.seq2seq`):
     ``decoder.start(rows, cache_len, want_attn)`` -> (cache, forward) replaces the cache and
-    the forward above (``input_ids`` / ``attention_mask`` are then the decoder's), and
+    the forward above (``input_ids`` / ``attention_mask`` are then the decoder's; a None cache:
+    ``use_cache=False``, the forward gets the whole sequence and its mask each step), and
     ``decoder.output(cache, **fields)`` builds the returned output.
     """
     if gc.low_memory:
@@ -187,9 +188,13 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
         if not unfinished:
             break
-        cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
-        last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
-        mask = full_mask[:, :P - plan.L + beams.cur_len] if plan.want_attn else full_mask
+        if cache is None:  # use_cache=False (encoder-decoder): the whole sequence each step
+            last = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
+            mask = full_mask[:, :P - plan.L + beams.cur_len]
+        else:
+            cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
+            last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
+            mask = full_mask[:, :P - plan.L + beams.cur_len] if plan.want_attn else full_mask
         out = forward(last, mask, pos + off, tt_last, **later)
         rec.model_call(out)
         logits = _last_logits(out)

@@ -16,8 +16,9 @@ Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search
 its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
 cache, models that override ``generate`` or its input preparation (the overrides the loop
 reproduces excepted: :mod:`gpu_sampler.hf.whisper`), other encoder inputs, ``compile`` and
-contrastive decoding; with beams also presence / frequency penalties, a streamer,
-``use_cache=False`` and cache implementations.
+contrastive decoding; with beams also presence / frequency penalties, a streamer and cache
+implementations (``use_cache=False`` feeds the whole decoder sequence each step, as
+transformers).
 
 Whisper overrides ``generate``: :func:`generate` refuses it, and ``patch(model)`` runs
 Whisper's own generate, whose inner ``super().generate`` call comes to
@@ -265,7 +266,7 @@ def _refuse_beam_options(run, extras, streamer):
                          "`num_beams` is set to 1.")
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
-        ("streamer", streamer is not None), ("use_cache=False", gc.use_cache is False),
+        ("streamer", streamer is not None),
         ("cache_implementation", gc.cache_implementation not in (None, "dynamic"))) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with beam search on encoder-decoder models")
@@ -580,9 +581,11 @@ def _beam_search(model, run, extras):
 
     def start(rows, cache_len, want_attn):
         # Attention weights must span the written positions only: a DynamicCache then.
-        mine = None if want_attn else _own_cache(model, rows, cache_len)
-        cfg = decoder_config(model)
-        cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
+        cache = None  # use_cache=False: transformers feeds the whole decoder sequence
+        if run.gc.use_cache is not False:
+            mine = None if want_attn else _own_cache(model, rows, cache_len)
+            cfg = decoder_config(model)
+            cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
         fixed = _fixed_inputs(model, run, _State(cache=cache))
 
         def forward(ids, mask, pos, token_type_ids=None, embeds=None):
@@ -592,13 +595,14 @@ def _beam_search(model, run, extras):
             if run.mask_positions:
                 # The loop's positions count the mask's attended tokens (transformers'
                 # _prepare_position_ids_for_generation): Whisper's decoder_positions rule.
-                kw["decoder_position_ids"] = pos
+                kw["decoder_position_ids"] = (pos if cache is not None
+                                              else decoder_positions(mask, ids.shape[1]))
             return model(**kw)
         return cache, forward
 
     def output(cache, **fields):
         enc = run.encoder_outputs
-        if isinstance(cache.self_attention_cache, StaticKVCache):
+        if cache is not None and isinstance(cache.self_attention_cache, StaticKVCache):
             cache = _as_dynamic(model, cache, run.B, cache.get_seq_length())
         return compat.make_output(
             GenerateBeamEncoderDecoderOutput, cache, **fields,
