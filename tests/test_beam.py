@@ -390,3 +390,31 @@ def test_beam_search_from_inputs_embeds_like_hf(case):
     assert out.sequences.shape[1] <= 5  # new tokens only
     if case != "plain":
         _same_tuples(out.attentions, ref.attentions, "attentions")
+
+
+@pytest.mark.parametrize("arch,extra", [("llama", "sampling"), ("gpt2", "token_type_ids")])
+def test_beam_search_without_cache_like_hf(arch, extra):
+    # use_cache=False: transformers feeds the whole sequence (mask, positions, token types)
+    # every step, so each step's attentions / hidden states span it and no cache comes back.
+    model = tiny_model(arch, seed=8)
+    model.set_attn_implementation("eager")
+    ids, mask = left_padded([7, 3], _seed())
+    kw = dict(attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=5,
+              do_sample=False, use_cache=False, return_dict_in_generate=True,
+              output_scores=True, output_logits=True, output_attentions=True,
+              output_hidden_states=True)
+    if extra == "token_type_ids":
+        g = torch.Generator().manual_seed(_seed())
+        kw["token_type_ids"] = torch.randint(0, 3, ids.shape, generator=g)
+    ref = model.generate(ids, **kw)
+    out = generate(model, ids, **kw)
+    _assert_same_output(out, ref)
+    _same_tuples(out.attentions, ref.attentions, "attentions")
+    _same_tuples(out.hidden_states, ref.hidden_states, "hidden_states")
+    assert out.past_key_values is None and ref.past_key_values is None
+    assert out.attentions[-1][0].shape[-1] == out.sequences.shape[1] - 1  # the whole sequence
+    if extra == "sampling":  # beam sampling draws the same tokens with and without a cache
+        kw = dict(attention_mask=mask, num_beams=2, max_new_tokens=6, do_sample=True,
+                  temperature=0.8, seed=3)
+        assert torch.equal(generate(model, ids, use_cache=False, **kw),
+                           generate(model, ids, **kw))

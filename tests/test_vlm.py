@@ -105,6 +105,18 @@ def test_beam_search_matches_transformers(family, do_sample):
         _same(getattr(out, field), getattr(ref, field), field)
 
 
+def test_beam_search_without_cache(family):
+    # Every forward gets the whole sequence, its positions and token types, and the image
+    # inputs again, as transformers feeds them without a cache.
+    model, inputs, _ = family
+    kw = dict(max_new_tokens=4, num_beams=2, do_sample=False, use_cache=False,
+              return_dict_in_generate=True, output_scores=True, output_hidden_states=True)
+    ref, out = _both(model, inputs, **kw)
+    for field in ("sequences", "sequences_scores", "beam_indices", "scores", "hidden_states"):
+        _same(getattr(out, field), getattr(ref, field), field)
+    assert out.past_key_values is None
+
+
 def test_sampling_seed_reproducible(family):
     model, inputs, name = family
     kw = dict(max_new_tokens=6, do_sample=True, temperature=0.9, top_k=20,

@@ -63,10 +63,13 @@ def _plan(procs, user, do_sample):
 
 
 def _forward_fn(model, cache, plan):
-    """forward(ids, mask, pos, token_type_ids) -> the model's output (last position's logits,
-    plus attentions / hidden states where the call returns them)."""
+    """forward(ids, mask, pos, embeds, extra) -> the model's output (last position's logits,
+    plus attentions / hidden states where the call returns them); a None cache:
+    ``use_cache=False``."""
     params = inspect.signature(model.forward).parameters
-    fwd = {compat.cache_arg(model): cache, "use_cache": True}
+    fwd = {"use_cache": cache is not None}
+    if cache is not None:
+        fwd[compat.cache_arg(model)] = cache
     if "logits_to_keep" in params:
         fwd["logits_to_keep"] = 1
     if plan.want_attn:
@@ -75,14 +78,12 @@ def _forward_fn(model, cache, plan):
         fwd["output_hidden_states"] = True
     takes_mask, takes_pos = "attention_mask" in params, "position_ids" in params
 
-    def forward(ids, mask, pos, token_type_ids=None, embeds=None, extra=None):
+    def forward(ids, mask, pos, embeds=None, extra=None):
         kw = dict(fwd, **(extra or {}))
         if takes_mask:
             kw["attention_mask"] = mask
         if takes_pos:
             kw["position_ids"] = pos
-        if token_type_ids is not None:
-            kw["token_type_ids"] = token_type_ids
         if embeds is not None:  # the prefill from inputs_embeds, as transformers feeds it
             return model(inputs_embeds=embeds, **kw)
         return model(input_ids=ids, **kw)
@@ -124,28 +125,29 @@ class _Recorded:
 
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
-                tokenizer=None, seed=None, backend="auto", position_ids=None, token_type_ids=None,
+                tokenizer=None, seed=None, backend="auto", position_ids=None,
                 inputs_embeds=None, decoder=None, step=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
     processors: ``input_ids`` / ``attention_mask`` are [B * num_beams, L] (each prompt repeated
-    num_beams times), ``procs`` is transformers' processor list for them; ``position_ids`` and
-    ``token_type_ids`` (same shape, expanded the same way) are the prompt's, as transformers'
-    generate prepared them. ``inputs_embeds`` [B * num_beams, P, H] (then ``attention_mask``,
-    ``position_ids`` and ``token_type_ids`` span its P positions, ``input_ids`` may be [N, 0])
-    feeds the prefill instead of the ids, as in transformers. ``step`` (a
+    num_beams times), ``procs`` is transformers' processor list for them; ``position_ids``
+    (same shape, expanded the same way) are the prompt's, as transformers' generate prepared
+    them. ``inputs_embeds`` [B * num_beams, P, H] (then ``attention_mask`` and
+    ``position_ids`` span its P positions, ``input_ids`` may be [N, 0]) feeds the prefill
+    instead of the ids, as in transformers. ``step`` (a
     :class:`~gpu_sampler.hf.step_inputs.StepInputs`) carries the other model inputs (image
-    inputs at the prefill, per-position inputs, a position offset). Returns what
-    ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
+    inputs at the prefill, per-position inputs such as token types, a position offset). With
+    ``gc.use_cache=False`` every forward gets the whole sequence, its mask, positions and
+    per-position inputs and the prefill's inputs, and no cache is returned, as in transformers.
+    Returns what ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
-    logits, beam_indices, past_key_values).
+    logits, attentions, hidden_states, beam_indices, past_key_values).
 
     Encoder-decoder models pass ``decoder`` (from :mod:`gpu_sampler.hf.seq2seq`):
     ``decoder.start(rows, cache_len, want_attn)`` -> (cache, forward) replaces the cache and
     the forward above (``input_ids`` / ``attention_mask`` are then the decoder's; a None cache:
-    ``use_cache=False``, the forward gets the whole sequence and its mask each step), and
-    ``decoder.output(cache, **fields)`` builds the returned output.
+    ``use_cache=False``), and ``decoder.output(cache, **fields)`` builds the returned output.
     """
     if gc.low_memory:
         raise ValueError(
@@ -157,30 +159,19 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     beams = _Beams.start(plan, input_ids)
     P = attention_mask.shape[1]  # prompt positions the model sees (ids, or embeddings)
     cache_len = max(P + plan.max_length - plan.L - 1, P)
-    # Returned attention weights span the written positions only, as with transformers'
-    # DynamicCache (padding rows' weights depend on the span): then run on one.
     if decoder is not None:
         cache, forward = decoder.start(plan.N, cache_len, plan.want_attn)
     else:
-        cache = (DynamicCache(config=model.config) if plan.want_attn
-                 else StaticKVCache(model.config, plan.N, cache_len))
+        cache = _decoder_only_cache(model, gc, plan, cache_len)
         forward = _forward_fn(model, cache, plan)
-    full_mask = torch.ones(plan.N, cache_len, dtype=attention_mask.dtype, device=plan.device)
-    full_mask[:, :P] = attention_mask
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
+    feed = _Feed.start(plan, step, attention_mask, pos, cache_len, whole=cache is None)
     rec = _Recorded(plan, enc_dec=decoder is not None)
-    first, later = _step_kwargs(step)
-    off = step.pos_offset if step is not None else 0
-    out = forward(input_ids, attention_mask, pos + off, token_type_ids, inputs_embeds, **first)
-    rec.model_call(out)
-    logits = _last_logits(out)
-    pos = pos[..., -1:] + 1
-    # transformers repeats the last token type for every generated token; the beams of an item
-    # share their prompt, so the column survives every reorder.
-    tt_last = token_type_ids[:, -1:] if token_type_ids is not None else None
-
+    out = forward(input_ids, attention_mask, feed.pos, inputs_embeds, extra=feed.prefill)
     while True:
+        rec.model_call(out)
+        logits = _last_logits(out)
         flat = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
         rec.step(plan, flat, logits)
         vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len)
@@ -188,32 +179,76 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
         if not unfinished:
             break
-        if cache is None:  # use_cache=False (encoder-decoder): the whole sequence each step
-            last = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
-            mask = full_mask[:, :P - plan.L + beams.cur_len]
-        else:
+        if cache is not None:
             cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
-            last = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
-            mask = full_mask[:, :P - plan.L + beams.cur_len] if plan.want_attn else full_mask
-        out = forward(last, mask, pos + off, tt_last, **later)
-        rec.model_call(out)
-        logits = _last_logits(out)
-        pos = pos + 1
+        out = forward(*feed.next(plan, beams))
     return _finish(plan, beams, cache, rec, decoder)
 
 
-def _step_kwargs(step):
-    """({extra=...} for the prefill, {extra=...} for the decode steps) from StepInputs:
-    per-position inputs whole at the prefill, then the value a generated token gets (the same
-    for every beam of an item, so it survives reorders)."""
-    if step is None:
-        return {}, {}
-    first = dict(step.every, **step.prefill, **step.typed)
-    later = dict(step.every)
-    for name in step.decode_typed:
-        given, fill = step.typed[name], step.fill.get(name)
-        later[name] = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
-    return {"extra": first}, {"extra": later}
+def _decoder_only_cache(model, gc, plan, cache_len):
+    """The decoder-only loop's cache: none with use_cache=False (transformers then feeds the
+    whole sequence each step); a DynamicCache when attention weights are returned (they must
+    span the written positions only, as transformers' do: padding rows' weights depend on the
+    span); else our StaticKVCache, reordered in place."""
+    if gc.use_cache is False:
+        return None
+    if plan.want_attn:
+        return DynamicCache(config=model.config)
+    return StaticKVCache(model.config, plan.N, cache_len)
+
+
+@dataclasses.dataclass(eq=False)
+class _Feed:
+    """What the forwards get besides the tokens: the mask, positions and other model inputs.
+
+    On a cache a decode forward gets the last token, its position, the mask and the inputs
+    every generated token gets (the same for every beam of an item, so they survive reorders).
+    Without one (``whole``) it gets what transformers feeds then: the whole sequence, its mask,
+    its positions, the per-position inputs over it and the prefill's inputs again."""
+    whole: bool
+    P: int                  # prompt positions (the mask's columns before any generated token)
+    full_mask: torch.Tensor  # [N, cache_len], 1 beyond the prompt
+    pos: torch.Tensor       # [..., N, n]: the positions the last forward got (offset included)
+    prefill: dict           # the prefill's other inputs
+    later: dict             # the decode forwards' other inputs, per-position ones excepted
+    typed: dict             # name -> [N, cache_len] per-position input: the prompt's, then new
+    decode_typed: tuple     # per-position names a decode forward on a cache gets
+
+    @classmethod
+    def start(cls, plan, step, attention_mask, pos, cache_len, whole):
+        P = attention_mask.shape[1]
+        full_mask = attention_mask.new_ones(plan.N, cache_len)
+        full_mask[:, :P] = attention_mask
+        if step is None:
+            return cls(whole, P, full_mask, pos, {}, {}, {}, ())
+        typed = {}
+        for name, given in step.typed.items():
+            fill = step.fill.get(name)
+            new = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
+            typed[name] = torch.cat([given, new.expand(-1, cache_len - P)], dim=1)
+        prefill = dict(step.every, **step.prefill, **step.typed)
+        later = dict(step.every, **step.prefill) if whole else dict(step.every)
+        return cls(whole, P, full_mask, pos + step.pos_offset, prefill, later, typed,
+                   () if whole else tuple(step.decode_typed))
+
+    def next(self, plan, beams):
+        """(ids, mask, positions, embeds, extra) for the forward after a step; the beams have
+        their new token at column cur_len - 1."""
+        n = self.P - plan.L + beams.cur_len  # positions once the new token is fed
+        new_pos = self.pos[..., -1:] + 1
+        extra = dict(self.later)
+        if self.whole:
+            self.pos = torch.cat([self.pos, new_pos], dim=-1)
+            ids = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
+            extra.update({name: buf[:, :n] for name, buf in self.typed.items()})
+        else:
+            self.pos = new_pos
+            ids = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
+            extra.update({name: self.typed[name][:, n - 1:n] for name in self.decode_typed})
+        # A static cache attends over its whole length; returned attention weights and a
+        # forward without a cache span the written positions only.
+        mask = self.full_mask[:, :n] if (self.whole or plan.want_attn) else self.full_mask
+        return ids, mask, self.pos, None, extra
 
 
 @dataclasses.dataclass(frozen=True)

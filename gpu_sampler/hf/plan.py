@@ -258,10 +258,7 @@ def refuse_beam_options(inputs, extras):
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.amateur is not None),
-        ("past_key_values", inputs.cache is not None),
-        # transformers then feeds the whole sequence each step (per-step attentions / hidden
-        # states span it, no cache returned); the beam loop always runs on a cache.
-        ("use_cache=False", inputs.gc.use_cache is False)) if on]
+        ("past_key_values", inputs.cache is not None)) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with num_beams > 1")
 

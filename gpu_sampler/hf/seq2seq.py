@@ -588,7 +588,7 @@ def _beam_search(model, run, extras):
             cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
         fixed = _fixed_inputs(model, run, _State(cache=cache))
 
-        def forward(ids, mask, pos, token_type_ids=None, embeds=None):
+        def forward(ids, mask, pos, embeds=None, extra=None):  # (beam_search's forward)
             kw = dict(fixed, decoder_input_ids=ids)
             if run.dec_mask is not None:
                 kw["decoder_attention_mask"] = mask
