@@ -9,6 +9,7 @@ from transformers.generation import logits_process as lp
 import gpu_sampler.params
 from gpu_sampler.beam import beam_topk, beam_topk_reference
 from gpu_sampler.hf.cache import StaticKVCache
+from gpu_sampler.hf.common import Unsupported
 from gpu_sampler.hf.generation import generate
 from tests.conftest import BACKENDS
 from tests.models import Recorder, left_padded, tiny_model
@@ -280,7 +281,16 @@ def test_generate_beam_cache_written_in_place(monkeypatch):
     res = generate(model, ids, attention_mask=mask, num_beams=4, max_new_tokens=6,
                    do_sample=False, return_dict_in_generate=True)
     assert len(seen) == 6 and len({p for p, _ in seen}) == 1 and len({s for _, s in seen}) == 1
-    assert isinstance(res.past_key_values, StaticKVCache)
+    # Returned as transformers returns it: a DynamicCache holding the running beams, reordered
+    # after the last step too.
+    monkeypatch.setattr(StaticKVCache, "update", real_update)
+    ref = model.generate(ids, attention_mask=mask, num_beams=4, max_new_tokens=6,
+                         do_sample=False, return_dict_in_generate=True)
+    assert type(res.past_key_values) is type(ref.past_key_values)
+    assert res.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length()
+    for a, b in zip(res.past_key_values.layers, ref.past_key_values.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
 
 
 def test_streamer_refused_for_beam_search_like_hf():
@@ -418,3 +428,35 @@ def test_beam_search_without_cache_like_hf(arch, extra):
                   temperature=0.8, seed=3)
         assert torch.equal(generate(model, ids, use_cache=False, **kw),
                            generate(model, ids, **kw))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_beam_search_continues_a_passed_cache_like_hf(arch):
+    # transformers runs beams on a passed cache only when the caller expanded it to
+    # B * num_beams rows: the prefill feeds what it lacks, the loop reorders it in place and
+    # returns the same object. A cache of B rows fails in transformers: refused here (patch
+    # hands the call over and the user gets transformers' own error).
+    model = tiny_model(arch, seed=9)
+    ids, mask = left_padded([7, 4], _seed())
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                           return_dict_in_generate=True)
+    full = first.sequences
+    full_mask = torch.cat([mask, mask.new_ones(2, 3)], dim=1)
+    kw = dict(attention_mask=full_mask, num_beams=2, max_new_tokens=4, do_sample=False,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    caches = []
+    for _ in range(2):
+        c = first.past_key_values.__class__(config=model.config)
+        for i, layer in enumerate(first.past_key_values.layers):
+            c.update(layer.keys.clone(), layer.values.clone(), i)
+        c.batch_repeat_interleave(2)
+        caches.append(c)
+    ref = model.generate(full, past_key_values=caches[0], **kw)
+    out = generate(model, full, past_key_values=caches[1], **kw)
+    _assert_same_output(out, ref)
+    assert out.past_key_values is caches[1]
+    assert caches[1].get_seq_length() == caches[0].get_seq_length()
+    for a, b in zip(caches[1].layers, caches[0].layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+    with pytest.raises(Unsupported, match="past_key_values"):
+        generate(model, full, past_key_values=first.past_key_values, **kw)

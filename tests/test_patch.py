@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, T5Config, T5ForConditionalGeneration
+from transformers import AutoModelForCausalLM, T5Config, T5ForConditionalGeneration
 
 import gpu_sampler
 from gpu_sampler.hf.common import Unsupported
@@ -47,46 +47,45 @@ def _same(a, b):
     return a == b
 
 
-# Beam search on a cache the caller passes: transformers runs it, gpu_sampler refuses it.
-BEAM_CACHE = dict(num_beams=2, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
-                output_scores=True)
+# Classifier-free guidance: transformers runs it, gpu_sampler refuses it.
+GUIDED = dict(guidance_scale=1.5, max_new_tokens=4, do_sample=False,
+              return_dict_in_generate=True, output_scores=True)
 
 
-def _with_cache(model, seed):
-    """The prompt and a fresh empty DynamicCache (each call writes its own)."""
+def _guided_inputs(model, seed):
     ids, mask = _prompts(seed)
-    return dict(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache())
+    return dict(input_ids=ids, attention_mask=mask)
 
 
 def test_unsupported_call_runs_transformers_generate_with_one_warning():
     model = tiny_model("llama", seed=31)
-    inputs = _with_cache(model, 31)
-    ref = model.generate(**inputs, **BEAM_CACHE)
+    inputs = _guided_inputs(model, 31)
+    ref = model.generate(**inputs, **GUIDED)
     patch(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        outs = [model.generate(**_with_cache(model, 31), **BEAM_CACHE) for _ in range(2)]
+        outs = [model.generate(**_guided_inputs(model, 31), **GUIDED) for _ in range(2)]
     assert len(_fallbacks(record)) == 1  # once per model and feature
-    assert "past_key_values" in str(_fallbacks(record)[0].message)
+    assert "guidance_scale" in str(_fallbacks(record)[0].message)
     for out in outs:
-        for field in ("sequences", "sequences_scores", "scores", "beam_indices"):
+        for field in ("sequences", "scores"):
             assert _same(getattr(out, field), getattr(ref, field)), field
     unpatch(model)
 
 
 def test_direct_generate_and_fallback_false_raise():
     model = tiny_model("llama", seed=32)
-    inputs = _with_cache(model, 32)
-    with pytest.raises(NotImplementedError, match="past_key_values"):
-        generate(model, **inputs, **BEAM_CACHE)
+    inputs = _guided_inputs(model, 32)
+    with pytest.raises(NotImplementedError, match="guidance_scale"):
+        generate(model, **inputs, **GUIDED)
     patch(model, fallback=False)
     with pytest.raises(Unsupported) as info:
-        model.generate(**_with_cache(model, 32), **BEAM_CACHE)
-    assert isinstance(info.value, NotImplementedError) and "num_beams" in str(info.value)
+        model.generate(**_guided_inputs(model, 32), **GUIDED)
+    assert isinstance(info.value, NotImplementedError) and "guidance_scale" in str(info.value)
     patch(model)  # patching again only switches the fallback on
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.generate(**_with_cache(model, 32), **BEAM_CACHE)
+        model.generate(**_guided_inputs(model, 32), **GUIDED)
     unpatch(model)
     assert "generate" not in model.__dict__
 
@@ -94,7 +93,7 @@ def test_direct_generate_and_fallback_false_raise():
 def test_gpu_sampler_only_arguments_are_never_handed_over():
     model = patch(tiny_model("llama", seed=33))
     with pytest.raises(Unsupported) as info:
-        model.generate(**_with_cache(model, 33), seed=0, **BEAM_CACHE)
+        model.generate(**_guided_inputs(model, 33), seed=0, **GUIDED)
     assert "seed" in "".join(getattr(info.value, "__notes__", []))
 
 

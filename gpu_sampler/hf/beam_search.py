@@ -126,7 +126,7 @@ class _Recorded:
 @torch.no_grad()
 def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, stopping_criteria,
                 tokenizer=None, seed=None, backend="auto", position_ids=None,
-                inputs_embeds=None, decoder=None, step=None):
+                inputs_embeds=None, decoder=None, step=None, cache=None):
     """transformers' ``_beam_search`` (beam search and beam sampling) with the fused step.
 
     Called by :func:`gpu_sampler.generate` after it resolved the config and built the
@@ -140,6 +140,9 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     inputs at the prefill, per-position inputs such as token types, a position offset). With
     ``gc.use_cache=False`` every forward gets the whole sequence, its mask, positions and
     per-position inputs and the prefill's inputs, and no cache is returned, as in transformers.
+    ``cache``: a passed cache with B * num_beams rows (transformers does not expand one) holding
+    the prompt's first positions: the prefill feeds the rest, the loop reorders it in place and
+    returns it.
     Returns what ``model.generate`` returns: LongTensor [B * num_return_sequences, L + n], or a
     ``GenerateBeamDecoderOnlyOutput`` (sequences, sequences_scores with output_scores, scores,
     logits, attentions, hidden_states, beam_indices, past_key_values).
@@ -162,13 +165,14 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
     if decoder is not None:
         cache, forward = decoder.start(plan.N, cache_len, plan.want_attn)
     else:
-        cache = _decoder_only_cache(model, gc, plan, cache_len)
+        passed = cache
+        cache = passed if passed is not None else _decoder_only_cache(model, gc, plan, cache_len)
         forward = _forward_fn(model, cache, plan)
     pos = position_ids if position_ids is not None else (
         model._prepare_position_ids_for_generation(input_ids, {"attention_mask": attention_mask}))
-    feed = _Feed.start(plan, step, attention_mask, pos, cache_len, whole=cache is None)
+    feed = _Feed.start(plan, step, attention_mask, pos, cache_len, cache)
     rec = _Recorded(plan, enc_dec=decoder is not None)
-    out = forward(input_ids, attention_mask, feed.pos, inputs_embeds, extra=feed.prefill)
+    out = forward(*feed.first(input_ids, attention_mask, inputs_embeds))
     while True:
         rec.model_call(out)
         logits = _last_logits(out)
@@ -177,11 +181,15 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len)
         topk = _select(model, plan, beams, vals, keys, toks)
         beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
+        if cache is not None:
+            # In place: gather along the batch into the same buffers. After the last step too,
+            # as transformers: the returned (or passed) cache holds the running beams.
+            cache.reorder_cache(beam_idx)
         if not unfinished:
             break
-        if cache is not None:
-            cache.reorder_cache(beam_idx)  # in place: gather along the batch into the same buffers
         out = forward(*feed.next(plan, beams))
+    if decoder is None and isinstance(cache, StaticKVCache) and cache is not passed:
+        cache = cache.to_dynamic(model.config)  # our stand-in for transformers' DynamicCache
     return _finish(plan, beams, cache, rec, decoder)
 
 
@@ -189,12 +197,17 @@ def _decoder_only_cache(model, gc, plan, cache_len):
     """The decoder-only loop's cache: none with use_cache=False (transformers then feeds the
     whole sequence each step); a DynamicCache when attention weights are returned (they must
     span the written positions only, as transformers' do: padding rows' weights depend on the
-    span); else our StaticKVCache, reordered in place."""
+    span) or when a cache with sliding layers is returned; else our StaticKVCache, reordered in
+    place and returned as a DynamicCache."""
     if gc.use_cache is False:
         return None
     if plan.want_attn:
         return DynamicCache(config=model.config)
-    return StaticKVCache(model.config, plan.N, cache_len)
+    mine = StaticKVCache(model.config, plan.N, cache_len)
+    if gc.return_dict_in_generate and any(mine.is_sliding):
+        # A returned DynamicCache holds sliding layers' last window: run on one then.
+        return DynamicCache(config=model.config)
+    return mine
 
 
 @dataclasses.dataclass(eq=False)
@@ -207,29 +220,41 @@ class _Feed:
     its positions, the per-position inputs over it and the prefill's inputs again."""
     whole: bool
     P: int                  # prompt positions (the mask's columns before any generated token)
-    full_mask: torch.Tensor  # [N, cache_len], 1 beyond the prompt
-    pos: torch.Tensor       # [..., N, n]: the positions the last forward got (offset included)
-    prefill: dict           # the prefill's other inputs
+    past: int               # prompt positions a passed cache already holds
+    span: int               # mask columns a static cache attends over; 0: the written ones
+    full_mask: torch.Tensor  # [N, max(cache_len, span)], 1 beyond the prompt
+    pos: torch.Tensor       # [..., N, n]: positions (offset included) fed so far, or the last
+    prefill: dict           # the prefill's other inputs, per-position ones excepted
     later: dict             # the decode forwards' other inputs, per-position ones excepted
-    typed: dict             # name -> [N, cache_len] per-position input: the prompt's, then new
+    typed: dict             # name -> [N, width] per-position input by kv position
     decode_typed: tuple     # per-position names a decode forward on a cache gets
 
     @classmethod
-    def start(cls, plan, step, attention_mask, pos, cache_len, whole):
+    def start(cls, plan, step, attention_mask, pos, cache_len, cache):
         P = attention_mask.shape[1]
-        full_mask = attention_mask.new_ones(plan.N, cache_len)
+        whole = cache is None
+        # A static cache attends over its whole length (ours, a passed StaticCache).
+        span = cache.get_max_length() if cache is not None and cache.is_compileable else 0
+        full_mask = attention_mask.new_ones(plan.N, max(cache_len, span))
         full_mask[:, :P] = attention_mask
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        typed = _typed_buffers(step, P, full_mask.shape[1])
         if step is None:
-            return cls(whole, P, full_mask, pos, {}, {}, {}, ())
-        typed = {}
-        for name, given in step.typed.items():
-            fill = step.fill.get(name)
-            new = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
-            typed[name] = torch.cat([given, new.expand(-1, cache_len - P)], dim=1)
-        prefill = dict(step.every, **step.prefill, **step.typed)
-        later = dict(step.every, **step.prefill) if whole else dict(step.every)
-        return cls(whole, P, full_mask, pos + step.pos_offset, prefill, later, typed,
+            return cls(whole, P, past, span, full_mask, pos, {}, {}, typed, ())
+        prefill = dict(step.every, **step.prefill)
+        later = prefill if whole else dict(step.every)
+        return cls(whole, P, past, span, full_mask, pos + step.pos_offset, prefill, later, typed,
                    () if whole else tuple(step.decode_typed))
+
+    def first(self, input_ids, attention_mask, embeds):
+        """The prefill's (ids, mask, positions, embeds, extra): the positions a passed cache
+        lacks."""
+        new = self.P - self.past
+        if embeds is None and input_ids.shape[1] > new:
+            input_ids = input_ids[:, -new:]
+        self.pos = self.pos[..., -new:]
+        extra = dict(self.prefill, **{k: buf[:, self.past:self.P] for k, buf in self.typed.items()})
+        return input_ids, attention_mask, self.pos, embeds, extra
 
     def next(self, plan, beams):
         """(ids, mask, positions, embeds, extra) for the forward after a step; the beams have
@@ -245,10 +270,22 @@ class _Feed:
             self.pos = new_pos
             ids = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
             extra.update({name: self.typed[name][:, n - 1:n] for name in self.decode_typed})
-        # A static cache attends over its whole length; returned attention weights and a
-        # forward without a cache span the written positions only.
-        mask = self.full_mask[:, :n] if (self.whole or plan.want_attn) else self.full_mask
-        return ids, mask, self.pos, None, extra
+        return ids, self.full_mask[:, :max(n, self.span)], self.pos, None, extra
+
+
+def _typed_buffers(step, P, width):
+    """name -> [N, width] per-position input by kv position: the given values right-aligned to
+    the prompt's P positions, then what a generated token gets (the last value, or the
+    model's own)."""
+    bufs = {}
+    for name, given in (step.typed.items() if step is not None else ()):
+        fill = step.fill.get(name)
+        new = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
+        buf = new.expand(-1, width).contiguous()
+        k = min(P, given.shape[1])
+        buf[:, P - k:P] = given[:, given.shape[1] - k:]
+        bufs[name] = buf
+    return bufs
 
 
 @dataclasses.dataclass(frozen=True)

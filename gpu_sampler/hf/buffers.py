@@ -206,12 +206,7 @@ class Buffers:
         """What transformers returns as past_key_values: our stand-in becomes a DynamicCache."""
         if not self.own:
             return self.cache
-        dynamic = DynamicCache(config=model.config)
-        for idx, layer in enumerate(self.cache.layers):
-            if layer.is_initialized:
-                dynamic.update(layer.keys[:B, :, :length].clone(),
-                               layer.values[:B, :, :length].clone(), idx)
-        return dynamic
+        return self.cache.to_dynamic(model.config, B, length)
 
 
 def _positions(inp, kv_cap):

@@ -14,7 +14,8 @@ a view of exactly the positions seen so far (the storage is still preallocated).
 A smaller batch works on a leading view of the same storage.
 """
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+from transformers.cache_utils import (Cache, CacheLayerMixin, DynamicCache,
+                                      get_layer_types_and_kwargs)
 
 __all__ = ["StaticKVCache"]
 
@@ -470,6 +471,22 @@ class StaticKVCache(Cache):
             self.check_write(key_states.shape[0], key_states.shape[-2])
             self.check_capacity(key_states.shape[0], 0, device=key_states.device)
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def to_dynamic(self, config, rows=None, length=None):
+        """A DynamicCache holding copies of the first ``rows`` rows and ``length`` positions
+        (default: the rows last written, every position written): what transformers returns
+        where it ran on one. Sliding layers are not converted (ValueError)."""
+        if any(self.is_sliding):
+            raise ValueError("to_dynamic: a cache with sliding layers keeps a window, not every "
+                             "position")
+        rows = self.layers[0].rows if rows is None else rows
+        length = self.get_seq_length() if length is None else length
+        dynamic = DynamicCache(config=config)
+        for idx, layer in enumerate(self.layers):
+            if layer.is_initialized:
+                dynamic.update(layer.keys[:rows, :, :length].clone(),
+                               layer.values[:rows, :, :length].clone(), idx)
+        return dynamic
 
     def crop(self, tokens_to_remove):
         """Drop the last ``-tokens_to_remove`` positions (transformers 5 semantics; 0 is a no-op).

@@ -156,7 +156,7 @@ def _beam_search(model, inputs, logits_processor, stopping_criteria, extras):
     return beam_search(model, inputs.input_ids, inputs.mask, inputs.gc, procs, user_lp,
                        stopping_criteria, extras.tokenizer, seed=extras.seed,
                        position_ids=mk["position_ids"], inputs_embeds=inputs.embeds,
-                       step=split_inputs(model, mk))
+                       step=split_inputs(model, mk), cache=inputs.cache)
 
 
 # ---- the decode loop ------------------------------------------------------------------------

@@ -258,9 +258,22 @@ def refuse_beam_options(inputs, extras):
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
         ("compile", extras.compile), ("amateur_model", extras.amateur is not None),
-        ("past_key_values", inputs.cache is not None)) if on]
+        # transformers does not expand a passed cache: it runs only on one the caller built
+        # with B * num_beams rows (else the model's cat fails), and never without the cache.
+        ("past_key_values without B * num_beams rows", inputs.cache is not None and (
+            _cache_rows(inputs.cache) not in (None, inputs.B) or inputs.gc.use_cache is False))
+    ) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with num_beams > 1")
+
+
+def _cache_rows(cache):
+    """The batch rows a cache holds, None before its first write."""
+    for layer in getattr(cache, "layers", ()):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.numel():
+            return keys.shape[0]
+    return None
 
 
 def _criteria(model, gc, stopping_criteria, tokenizer):
