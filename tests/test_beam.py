@@ -460,3 +460,21 @@ def test_beam_search_continues_a_passed_cache_like_hf(arch):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
     with pytest.raises(Unsupported, match="past_key_values"):
         generate(model, full, past_key_values=first.past_key_values, **kw)
+
+
+@pytest.mark.parametrize("return_dict", [False, True])
+def test_beam_search_on_sliding_window_layers_like_hf(return_dict):
+    # Our cache keeps a sliding layer's window (not every position): the sequences come from
+    # it, and a returned cache is transformers' DynamicCache (the loop then runs on one).
+    model = tiny_model("mistral", seed=12, sliding_window=4)
+    ids, mask = left_padded([6, 3], _seed())
+    kw = dict(attention_mask=mask, num_beams=2, max_new_tokens=5, do_sample=False,
+              return_dict_in_generate=return_dict)
+    ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
+    if not return_dict:
+        assert torch.equal(out, ref)
+        return
+    assert torch.equal(out.sequences, ref.sequences)
+    assert type(out.past_key_values) is type(ref.past_key_values)
+    for a, b in zip(out.past_key_values.layers, ref.past_key_values.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)

@@ -188,7 +188,8 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         if not unfinished:
             break
         out = forward(*feed.next(plan, beams))
-    if decoder is None and isinstance(cache, StaticKVCache) and cache is not passed:
+    if (gc.return_dict_in_generate and decoder is None and isinstance(cache, StaticKVCache)
+            and cache is not passed):
         cache = cache.to_dynamic(model.config)  # our stand-in for transformers' DynamicCache
     return _finish(plan, beams, cache, rec, decoder)
 
