@@ -12,9 +12,16 @@ the config, or where returned attention weights must span the written positions 
 whose cross-attention part the model fills at the first step. Penalties, temperature, top-k,
 top-p, min-p and the draw happen in one ``sample()`` call per step.
 
+A passed ``EncoderDecoderCache`` (continuing an earlier call: ``decoder_input_ids`` holding
+its sequences) is used as transformers 5.24 uses it: the encoder runs again, the model reads
+the cache's filled cross-attention part, the first step feeds the decoder tokens past the
+cache when ``decoder_attention_mask`` is as wide as ``decoder_input_ids`` and every decoder
+token on top of it otherwise; the cache is written in place and returned. Refused there:
+beams, ``use_cache=False``, other cache types, a cache whose rows are not the decoder's.
+
 Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
-its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
-cache, models that override ``generate`` or its input preparation (the overrides the loop
+its forward on the decoder. Refused with ``Unsupported`` (before the model runs): beams on a
+passed cache, models that override ``generate`` or its input preparation (the overrides the loop
 reproduces excepted: :mod:`gpu_sampler.hf.whisper`), other encoder inputs, ``compile`` and
 contrastive decoding; with beams also presence / frequency penalties, a streamer and cache
 implementations (``use_cache=False`` feeds the whole decoder sequence each step, as
@@ -165,7 +172,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
 
     ``inputs`` / ``input_ids`` (or ``inputs_embeds``) feed the encoder, with ``attention_mask``
     (not inferred from padding when missing, as transformers); ``decoder_input_ids`` /
-    ``decoder_attention_mask`` optionally start the decoder. Generation arguments as in
+    ``decoder_attention_mask`` optionally start the decoder; ``past_key_values`` / ``cache``
+    (an ``EncoderDecoderCache``) continues from it, written in place. Generation arguments as in
     transformers, plus ``presence_penalty``, ``frequency_penalty`` and ``seed`` (row b draws
     from seed + b at each decoder position: reproducible and batch-independent).
 
