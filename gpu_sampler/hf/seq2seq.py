@@ -147,6 +147,10 @@ _HOOKS = ("generate", "prepare_inputs_for_generation", "_update_model_kwargs_for
 # The same, for the call a model's own generate makes through super().generate: it ran.
 _DELEGATED_HOOKS = tuple(h for h in _HOOKS if h != "generate")
 _CHECK_EVERY = 8
+# Refusals with a passed cache, named once per kind (patch warns once per model and feature).
+_UNMATCHED_MASK = "a passed past_key_values with a decoder_attention_mask of another width"
+_NOTHING_BEYOND = "a passed past_key_values with no decoder token beyond it"
+_OTHER_ROWS = "a passed past_key_values whose rows are not the decoder's"
 _INITIAL_NEW_POSITIONS = 256
 
 
@@ -350,21 +354,23 @@ def _fed_positions(run, dec_ids, dec_mask):
     width = L0 if dec_mask is None else dec_mask.shape[1]
     if dec_mask is not None and (dec_mask.dim() != 2 or dec_mask.shape[0] != dec_ids.shape[0]
                                  or width not in (L0, run.past + L0)):
-        shapes = (f"decoder_attention_mask of shape {tuple(dec_mask.shape)}, decoder_input_ids "
-                  f"{tuple(dec_ids.shape)}")
+        shapes = (f"decoder_attention_mask has shape {tuple(dec_mask.shape)}, "
+                  f"decoder_input_ids {tuple(dec_ids.shape)}")
         if run.cache is not None:
             # What the model makes of a mask matching neither is its forward's business.
-            raise Unsupported(f"{shapes} and a passed past_key_values holding {run.past} "
-                              f"positions")
-        raise ValueError(f"{shapes}: the shapes must match")
+            raise Unsupported(_UNMATCHED_MASK, f"gpu_sampler.generate does not support "
+                              f"{_UNMATCHED_MASK}: past_key_values holds {run.past} positions, "
+                              f"{shapes}")
+        raise ValueError(shapes)
     if dec_mask is not None and width == L0:
         run.feed, run.kv0 = L0 - run.past, 0
     else:
         run.feed, run.kv0 = L0, run.past
     if run.feed <= 0:
         # transformers then slices input_ids[:, -0:], refeeding the whole sequence.
-        raise Unsupported(f"a passed past_key_values holding {run.past} positions with a "
-                          f"decoder sequence of {L0} tokens (none beyond the cache)")
+        raise Unsupported(_NOTHING_BEYOND, f"gpu_sampler.generate does not support "
+                          f"{_NOTHING_BEYOND}: past_key_values holds {run.past} positions, "
+                          f"the decoder sequence {L0} tokens")
 
 
 def _check_cache_rows(run):
@@ -376,8 +382,9 @@ def _check_cache_rows(run):
     rows = next((layer.keys.shape[0] for layer in run.cache.self_attention_cache.layers
                  if layer.is_initialized), run.B)
     if rows != run.B:
-        raise Unsupported(f"a passed past_key_values holding {rows} rows for {run.B} decoder "
-                          f"rows ({run.B0} x {run.expand} for num_return_sequences)")
+        raise Unsupported(_OTHER_ROWS, f"gpu_sampler.generate does not support {_OTHER_ROWS}: "
+                          f"past_key_values holds {rows} rows, the decoder {run.B} "
+                          f"({run.B0} x {run.expand} for num_return_sequences)")
 
 
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):
