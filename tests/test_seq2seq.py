@@ -550,7 +550,8 @@ def test_passed_cache_runs_our_loop_under_patch_and_the_rest_falls_back():
     from transformers import DynamicCache
     calls = []
     model.get_encoder().register_forward_hook(lambda *a: calls.append(1))
-    for extra in (dict(num_beams=2), dict(use_cache=False),
+    for extra in (dict(num_beams=2),  # a cache of 3 rows for 6 beam rows
+                  dict(use_cache=False),
                   dict(num_return_sequences=2, do_sample=True),  # a cache of 3 rows for 6
                   dict(decoder_input_ids=seqs[:, :-1],  # nothing beyond the cache
                        decoder_attention_mask=torch.ones(3, 3, dtype=torch.long)),
@@ -562,3 +563,70 @@ def test_passed_cache_runs_our_loop_under_patch_and_the_rest_falls_back():
                  **kw)
     assert not calls
     gpu_sampler.unpatch(model)
+
+
+def _assert_same_beam_fields(out, ref):
+    _assert_same_fields(out, ref)
+    for field in ("sequences_scores", "beam_indices"):
+        assert_same(getattr(out, field), getattr(ref, field), field)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("how", ["full-mask", "no-mask", "new-tokens"])
+def test_beam_search_continue_from_passed_cache_matches_transformers(arch, how):
+    """Beams on a passed cache run in transformers when the cache holds B x num_beams rows (an
+    earlier beam call's): the rows are reordered in place after every step, the last included."""
+    model = tiny_seq2seq(arch, seed=31, attn="eager")
+    ids, mask = _batch(31)
+    base = dict(num_beams=2, do_sample=False, eos_token_id=None, repetition_penalty=1.3)
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=3,
+                           return_dict_in_generate=True, **base)
+    seqs = first.sequences
+    cont = {"full-mask": dict(decoder_input_ids=seqs, decoder_attention_mask=torch.ones_like(seqs)),
+            "no-mask": dict(decoder_input_ids=seqs),
+            "new-tokens": dict(decoder_input_ids=seqs[:, -1:],
+                               decoder_attention_mask=torch.ones(3, 4, dtype=torch.long))}[how]
+    kw = dict(base, max_new_tokens=4, **cont)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    assert torch.equal(out, ref)
+    kw.update(num_return_sequences=2, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, output_attentions=True, output_hidden_states=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_beam_fields(out, ref)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_beam_search_continue_left_padded_with_eos_matches_transformers(arch):
+    model = tiny_seq2seq(arch, seed=32)
+    ids, mask = _batch(32)
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    base = dict(num_beams=3, do_sample=False, repetition_penalty=1.4, length_penalty=0.8)
+    first = model.generate(ids, attention_mask=mask, decoder_input_ids=dec,
+                           decoder_attention_mask=dec_mask,
+                           max_new_tokens=3, eos_token_id=None, return_dict_in_generate=True,
+                           **base)
+    cont_mask = torch.cat([torch.ones(3, 1, dtype=torch.long), dec_mask,
+                           torch.ones(3, 3, dtype=torch.long)], dim=1)
+    kw = dict(base, decoder_input_ids=first.sequences, decoder_attention_mask=cont_mask,
+              max_new_tokens=6)
+    ref, _ = _continue_both(model, ids, mask, first.cache, eos_token_id=None, **kw)
+    eos = int(ref[0, 9])
+    ref, out = _continue_both(model, ids, mask, first.cache, eos_token_id=eos, pad_token_id=0,
+                              return_dict_in_generate=True, output_scores=True, **kw)
+    assert (ref.sequences[:, 7:] == eos).any()
+    _assert_same_beam_fields(out, ref)
+
+
+def test_beam_sampling_continue_from_passed_cache_is_reproducible_with_a_seed():
+    model = tiny_seq2seq("bart", seed=33)
+    ids, mask = _batch(33)
+    base = dict(attention_mask=mask, num_beams=2, eos_token_id=None)
+    first = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                           **base)
+    kw = dict(base, decoder_input_ids=first.sequences,
+              decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=5,
+              do_sample=True, temperature=1.5, seed=3)
+    outs = [generate(model, ids, cache=copy.deepcopy(first.cache), **kw) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == (3, 9)
+    assert torch.equal(outs[0][:, :4], first.sequences)

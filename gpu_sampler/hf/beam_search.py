@@ -40,6 +40,8 @@ class Decoder(NamedTuple):
     """An encoder-decoder model's hooks into the beam loop (gpu_sampler.hf.seq2seq)."""
     start: Callable    # start(rows, cache_len, want_attn) -> (cache, forward)
     output: Callable   # output(cache, **fields) -> the returned output
+    # The cache is the caller's: reordered after the last step too, as transformers leaves it.
+    reorder_last: bool = False
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -187,6 +189,8 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         topk = _select(model, plan, beams, vals, keys, toks)
         beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
         if not unfinished:
+            if cache is not None and decoder is not None and decoder.reorder_last:
+                cache.reorder_cache(beam_idx)
             break
         if cache is None:  # use_cache=False (encoder-decoder): the whole sequence each step
             last = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)

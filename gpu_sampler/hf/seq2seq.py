@@ -16,12 +16,13 @@ A passed ``EncoderDecoderCache`` (continuing an earlier call: ``decoder_input_id
 its sequences) is used as transformers 5.24 uses it: the encoder runs again, the model reads
 the cache's filled cross-attention part, the first step feeds the decoder tokens past the
 cache when ``decoder_attention_mask`` is as wide as ``decoder_input_ids`` and every decoder
-token on top of it otherwise; the cache is written in place and returned. Refused there:
-beams, ``use_cache=False``, other cache types, a cache whose rows are not the decoder's.
+token on top of it otherwise; the cache is written in place and returned (with beams,
+reordered after every step, the last included). Refused there: ``use_cache=False``, other
+cache types, a cache whose rows are not the decoder's (B x num_beams with beams).
 
 Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
-its forward on the decoder. Refused with ``Unsupported`` (before the model runs): beams on a
-passed cache, models that override ``generate`` or its input preparation (the overrides the loop
+its forward on the decoder. Refused with ``Unsupported`` (before the model runs): models that
+override ``generate`` or its input preparation (the overrides the loop
 reproduces excepted: :mod:`gpu_sampler.hf.whisper`), other encoder inputs, ``compile`` and
 contrastive decoding; with beams also presence / frequency penalties, a streamer and cache
 implementations (``use_cache=False`` feeds the whole decoder sequence each step, as
@@ -302,7 +303,7 @@ def _refuse_beam_options(run, extras, streamer):
                          "`num_beams` is set to 1.")
     unsupported = [name for name, on in (
         ("presence_penalty", extras.presence), ("frequency_penalty", extras.frequency),
-        ("streamer", streamer is not None), ("past_key_values", run.cache is not None),
+        ("streamer", streamer is not None),
         ("cache_implementation", gc.cache_implementation not in (None, "dynamic"))) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with beam search on encoder-decoder models")
@@ -375,8 +376,9 @@ def _fed_positions(run, dec_ids, dec_mask):
 
 def _check_cache_rows(run):
     """A passed cache runs when it holds one row per decoder row: transformers does not
-    expand it for num_return_sequences, and its forward fails on other counts (that error is
-    transformers' to give)."""
+    expand it for num_return_sequences / num_beams (a cache from an earlier beam call holds
+    B x num_beams rows), and its forward fails on other counts (that error is transformers' to
+    give)."""
     if run.cache is None:
         return
     rows = next((layer.keys.shape[0] for layer in run.cache.self_attention_cache.layers
@@ -384,7 +386,7 @@ def _check_cache_rows(run):
     if rows != run.B:
         raise Unsupported(_OTHER_ROWS, f"gpu_sampler.generate does not support {_OTHER_ROWS}: "
                           f"past_key_values holds {rows} rows, the decoder {run.B} "
-                          f"({run.B0} x {run.expand} for num_return_sequences)")
+                          f"({run.B0} x {run.expand} for num_return_sequences / num_beams)")
 
 
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):
@@ -668,13 +670,21 @@ def _beam_search(model, run, extras):
     def start(rows, cache_len, want_attn):
         # Attention weights must span the written positions only: a DynamicCache then.
         cache = None  # use_cache=False: transformers feeds the whole decoder sequence
-        if run.gc.use_cache is not False:
+        if run.cache is not None:
+            cache = run.cache
+        elif run.gc.use_cache is not False:
             mine = None if want_attn else _own_cache(model, rows, cache_len)
             cfg = decoder_config(model)
             cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
         fixed = _fixed_inputs(model, run, _State(cache=cache))
+        prefill = [run.cache is not None]
 
         def forward(ids, mask, pos, token_type_ids=None, embeds=None):
+            if prefill[0]:  # the decoder tokens past the caller's cache (run.feed)
+                prefill[0] = False
+                ids, pos = ids[:, ids.shape[1] - run.feed:], pos[..., -run.feed:]
+            if run.cache is not None:  # its mask spans the written positions only
+                mask = mask[:, :int(cache.get_seq_length()) + ids.shape[1]]
             kw = dict(fixed, decoder_input_ids=ids)
             if run.dec_mask is not None:
                 kw["decoder_attention_mask"] = mask
@@ -696,10 +706,14 @@ def _beam_search(model, run, extras):
             encoder_hidden_states=enc.get("hidden_states") if run.gc.output_hidden_states
             else None)
 
-    mask = run.dec_mask if run.dec_mask is not None else torch.ones_like(run.input_ids)
+    # The loop's mask indexes kv positions: it spans a passed cache the decoder tokens are fed
+    # on top of (run.kv0), and its left padding is transformers' prompt_ignore_length.
+    mask = run.dec_mask if run.dec_mask is not None else run.input_ids.new_ones(
+        run.B, run.kv0 + run.L0)
     return beam_search(model, run.input_ids, mask, run.gc, run.procs, run.user_lp, run.user_sc,
                        extras.tokenizer, seed=extras.seed,
-                       decoder=Decoder(start=start, output=output))
+                       decoder=Decoder(start=start, output=output,
+                                       reorder_last=run.cache is not None))
 
 
 def _raise_if_invalid(invalid):
