@@ -630,3 +630,28 @@ def test_beam_sampling_continue_from_passed_cache_is_reproducible_with_a_seed():
     outs = [generate(model, ids, cache=copy.deepcopy(first.cache), **kw) for _ in range(2)]
     assert torch.equal(outs[0], outs[1]) and outs[0].shape == (3, 9)
     assert torch.equal(outs[0][:, :4], first.sequences)
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_continue_penalty_skips_what_the_mask_pads_like_transformers(num_beams):
+    """A decoder mask spanning the cache (the new tokens alone passed, one of them the start
+    token so nothing is prepended): transformers' prompt_ignore_length is the mask's left
+    padding counted in sequence columns, so the repetition penalty skips generated tokens too."""
+    model = tiny_seq2seq("bart", seed=41)  # decoder start token 2
+    ids, mask = _batch(41)
+    dec = torch.tensor([[0, 0, 0, 0, 2, 7], [2, 9, 10, 11, 12, 13], [0, 0, 0, 2, 8, 5]])
+    dec_mask = (torch.arange(6) >= torch.tensor([[4], [0], [3]])).long()
+    first = model.generate(ids, attention_mask=mask, decoder_input_ids=dec,
+                           decoder_attention_mask=dec_mask, max_new_tokens=2,
+                           num_beams=num_beams, do_sample=False, eos_token_id=None,
+                           return_dict_in_generate=True)
+    new = first.sequences[:, -1:].clone()
+    new[1, 0] = 2
+    kw = dict(decoder_input_ids=new, max_new_tokens=6, num_beams=num_beams, do_sample=False,
+              decoder_attention_mask=torch.cat([dec_mask, torch.ones(3, 2, dtype=torch.long)], 1),
+              eos_token_id=None, repetition_penalty=3.0, return_dict_in_generate=True,
+              output_scores=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_fields(out, ref)
+    if num_beams == 1:
+        assert ref.sequences[0, :4].unique().numel() == 1  # a repeat the penalty did not see

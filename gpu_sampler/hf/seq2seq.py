@@ -119,6 +119,7 @@ class _State:
     mask: Any = None
     out: Any = None
     hist: Any = None
+    skip: Any = None                          # [B] history columns before it stay -1, or None
     fixed_kw: Any = None
     static_len: int = 0
     forward: Any = None
@@ -499,6 +500,10 @@ def _allocate(model, run):
     ids = run.input_ids
     if run.dec_mask is not None:
         ids = ids.masked_fill(prompt_history_mask(run.dec_mask, L0), -1)
+        if run.dec_mask.shape[1] > L0:
+            # A mask spanning a passed cache: transformers counts its left padding in sequence
+            # columns, which may reach past the prompt into the generated tokens.
+            st.skip = (run.dec_mask != 0).int().argmax(dim=1)
     st.hist[:, :L0] = ids
     st.fixed_kw = _fixed_inputs(model, run, st)
     st.forward = model
@@ -585,7 +590,7 @@ def _decode(model, run, st, streamer):
         if run.has_eos:
             tok = torch.where(unfinished, tok, run.pad)
         st.out[:, cur] = tok
-        st.hist[:, cur] = tok
+        st.hist[:, cur] = tok if st.skip is None else tok.masked_fill(cur < st.skip, -1)
         steps_run += unfinished.any()
         if streamer is not None:
             streamer.put(tok.cpu())
