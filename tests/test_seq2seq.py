@@ -6,6 +6,7 @@ prompts, eos mid-way, penalties, num_return_sequences, the cache kinds), return_
 are compared field by field, sampling is reproducible with a seed and draws the first token
 from transformers' processed distribution.
 """
+import copy
 import warnings
 
 import pytest
@@ -402,3 +403,255 @@ def test_beam_sampling_is_reproducible_with_a_seed():
               temperature=3.0, num_return_sequences=2)
     a, b = generate(model, ids, seed=5, **kw), generate(model, ids, seed=5, **kw)
     assert torch.equal(a, b) and a.shape == model.generate(ids, **kw).shape
+
+
+# A passed EncoderDecoderCache (issue 19): transformers' test_generate_continue_from_past_key_values
+# continues a first call from its returned cache, decoder_input_ids holding its sequences.
+CONTINUE_FIELDS = ("sequences", "scores", "logits", "encoder_attentions", "encoder_hidden_states",
+                   "decoder_attentions", "cross_attentions", "decoder_hidden_states")
+
+
+def _first_call(model, ids, mask, **kw):
+    """The call a continuation starts from: its sequences and the cache it returns."""
+    kw = dict(dict(max_new_tokens=3, do_sample=False, eos_token_id=None), **kw)
+    return model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kw)
+
+
+def _continue_both(model, ids, mask, cache, **kw):
+    """transformers' and our call on two copies of `cache`: each must return its own copy,
+    written in place; (ref, out)."""
+    mine, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
+    ref = model.generate(ids, attention_mask=mask, cache=theirs, **kw)
+    out = generate(model, ids, attention_mask=mask, cache=mine, **kw)
+    if kw.get("return_dict_in_generate"):
+        assert ref.cache is theirs and out.cache is mine
+    assert_same_cache(mine, theirs)
+    return ref, out
+
+
+def _assert_same_fields(out, ref):
+    assert type(out) is type(ref)
+    for field in CONTINUE_FIELDS:
+        a, b = getattr(out, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if b is not None:
+            assert_same(a, b, field)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("how", ["full-mask", "no-mask", "new-tokens"])
+def test_continue_from_passed_cache_matches_transformers(arch, how):
+    """The three ways transformers' _prefill reads the call: a decoder mask as wide as the
+    decoder ids (feed what the cache lacks), no mask (every decoder token is fed on top of the
+    cache), the new token alone with a mask spanning the cache (fed on top of it)."""
+    model = tiny_seq2seq(arch, seed=21, attn="eager")
+    ids, mask = _batch(21)
+    first = _first_call(model, ids, mask, repetition_penalty=1.5)
+    seqs = first.sequences
+    cont = {"full-mask": dict(decoder_input_ids=seqs, decoder_attention_mask=torch.ones_like(seqs)),
+            "no-mask": dict(decoder_input_ids=seqs),
+            "new-tokens": dict(decoder_input_ids=seqs[:, -1:],
+                               decoder_attention_mask=torch.ones(3, 4, dtype=torch.long))}[how]
+    kw = dict(cont, max_new_tokens=4, do_sample=False, repetition_penalty=1.5, eos_token_id=None,
+              return_dict_in_generate=True, output_scores=True, output_logits=True,
+              output_attentions=True, output_hidden_states=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_fields(out, ref)
+    assert out.cache.get_seq_length() == {"full-mask": 7, "no-mask": 10, "new-tokens": 8}[how]
+    if how == "full-mask":  # the continuation is the one call it splits
+        whole = generate(model, ids, attention_mask=mask, max_new_tokens=7, do_sample=False,
+                         repetition_penalty=1.5, eos_token_id=None)
+        assert torch.equal(out.sequences, whole)
+    # Without return_dict the cache is still written in place, as in transformers.
+    plain = {k: v for k, v in kw.items() if not k.startswith(("return_", "output_"))}
+    ref, out = _continue_both(model, ids, mask, first.cache, **plain)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_continue_left_padded_decoder_prompts_matches_transformers(arch):
+    model = tiny_seq2seq(arch, seed=22)
+    ids, mask = _batch(22)
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    first = _first_call(model, ids, mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask,
+                        repetition_penalty=1.4)
+    seqs = first.sequences  # the start token prepended: 1 + 3 + 3 columns
+    cont_mask = torch.cat([torch.ones(3, 1, dtype=torch.long), dec_mask,
+                           torch.ones(3, 3, dtype=torch.long)], dim=1)
+    kw = dict(decoder_input_ids=seqs, decoder_attention_mask=cont_mask, max_new_tokens=5,
+              do_sample=False, repetition_penalty=1.4, eos_token_id=None,
+              return_dict_in_generate=True, output_scores=True, output_hidden_states=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_fields(out, ref)
+    whole = model.generate(ids, attention_mask=mask, decoder_input_ids=dec,
+                           decoder_attention_mask=dec_mask, max_new_tokens=8, do_sample=False,
+                           repetition_penalty=1.4, eos_token_id=None)
+    assert torch.equal(out.sequences, whole)
+
+
+def test_continue_with_eos_mid_way_matches_transformers():
+    model = tiny_seq2seq("bart", seed=8)
+    ids, mask = _batch(8)
+    first = _first_call(model, ids, mask, repetition_penalty=2.0)
+    kw = dict(decoder_input_ids=first.sequences,
+              decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=8,
+              do_sample=False, repetition_penalty=2.0)
+    ref, _ = _continue_both(model, ids, mask, first.cache, eos_token_id=None, **kw)
+    eos = int(ref[0, 5])  # every row draws it after the first call's tokens
+    ref, out = _continue_both(model, ids, mask, first.cache, eos_token_id=eos, pad_token_id=0,
+                              return_dict_in_generate=True, output_scores=True, **kw)
+    assert ref.sequences.shape[1] < 4 + 8  # every row stopped early: the cache stops there too
+    _assert_same_fields(out, ref)
+
+
+def test_continue_sampling_with_a_seed_is_reproducible_and_splits_the_seeded_call():
+    """Row b draws from (seed + b, decoder position): a seeded continuation draws what the one
+    seeded call it splits draws; num_return_sequences expands the decoder rows onto a cache that
+    holds as many (transformers does not expand the cache)."""
+    model = tiny_seq2seq("t5", seed=24)
+    ids, mask = _batch(24, (5, 3))
+    kw = dict(do_sample=True, temperature=1.3, top_k=40, repetition_penalty=1.2, eos_token_id=None)
+    whole = generate(model, ids, attention_mask=mask, max_new_tokens=7, seed=5, **kw)
+    first = generate(model, ids, attention_mask=mask, max_new_tokens=3, seed=5,
+                     return_dict_in_generate=True, **kw)
+    cont = dict(decoder_input_ids=first.sequences,
+                decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=4, **kw)
+    outs = [generate(model, ids, attention_mask=mask, cache=copy.deepcopy(first.cache), seed=5,
+                     **cont) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], whole)
+    # num_return_sequences=2 over a cache of 2 x 2 rows (a greedy first call: equal pairs).
+    pairs = _first_call(model, ids, mask, num_return_sequences=2, do_sample=True, top_k=1)
+    cont.update(decoder_input_ids=pairs.sequences[::2],
+                decoder_attention_mask=torch.ones_like(pairs.sequences[::2]),
+                num_return_sequences=2)
+    outs = [generate(model, ids, attention_mask=mask, cache=copy.deepcopy(pairs.cache), seed=7,
+                     **cont) for _ in range(2)]
+    ref = model.generate(ids, attention_mask=mask, cache=copy.deepcopy(pairs.cache), **cont)
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == ref.shape == (4, 8)
+    assert torch.equal(outs[0][:, :4], pairs.sequences)
+
+
+def test_passed_cache_runs_our_loop_under_patch_and_the_rest_falls_back():
+    model = tiny_seq2seq("marian", seed=25)
+    ids, mask = _batch(25)
+    first = _first_call(model, ids, mask)
+    seqs = first.sequences
+    kw = dict(attention_mask=mask, decoder_input_ids=seqs,
+              decoder_attention_mask=torch.ones_like(seqs), max_new_tokens=4, do_sample=False)
+    ref = model.generate(ids, cache=copy.deepcopy(first.cache), **kw)
+    gpu_sampler.patch(model, fallback=False)  # a refusal would raise
+    mine = copy.deepcopy(first.cache)
+    assert torch.equal(model.generate(ids, cache=mine, **kw), ref)
+    assert mine.get_seq_length() == 7
+    # What transformers does not run (or runs only as its forward allows) is still refused,
+    # before the encoder runs: patch hands it to transformers.
+    from transformers import DynamicCache
+    calls = []
+    model.get_encoder().register_forward_hook(lambda *a: calls.append(1))
+    for extra in (dict(num_beams=2),  # a cache of 3 rows for 6 beam rows
+                  dict(use_cache=False),
+                  dict(num_return_sequences=2, do_sample=True),  # a cache of 3 rows for 6
+                  dict(decoder_input_ids=seqs[:, :-1],  # nothing beyond the cache
+                       decoder_attention_mask=torch.ones(3, 3, dtype=torch.long)),
+                  dict(cache=DynamicCache())):
+        with pytest.raises(Unsupported):
+            generate(model, ids, **{**kw, "cache": copy.deepcopy(first.cache), **extra})
+    with pytest.raises(ValueError, match="cache_implementation"):
+        generate(model, ids, cache=copy.deepcopy(first.cache), cache_implementation="static",
+                 **kw)
+    assert not calls
+    gpu_sampler.unpatch(model)
+
+
+def _assert_same_beam_fields(out, ref):
+    _assert_same_fields(out, ref)
+    for field in ("sequences_scores", "beam_indices"):
+        assert_same(getattr(out, field), getattr(ref, field), field)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("how", ["full-mask", "no-mask", "new-tokens"])
+def test_beam_search_continue_from_passed_cache_matches_transformers(arch, how):
+    """Beams on a passed cache run in transformers when the cache holds B x num_beams rows (an
+    earlier beam call's): the rows are reordered in place after every step, the last included."""
+    model = tiny_seq2seq(arch, seed=31, attn="eager")
+    ids, mask = _batch(31)
+    base = dict(num_beams=2, do_sample=False, eos_token_id=None, repetition_penalty=1.3)
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=3,
+                           return_dict_in_generate=True, **base)
+    seqs = first.sequences
+    cont = {"full-mask": dict(decoder_input_ids=seqs, decoder_attention_mask=torch.ones_like(seqs)),
+            "no-mask": dict(decoder_input_ids=seqs),
+            "new-tokens": dict(decoder_input_ids=seqs[:, -1:],
+                               decoder_attention_mask=torch.ones(3, 4, dtype=torch.long))}[how]
+    kw = dict(base, max_new_tokens=4, **cont)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    assert torch.equal(out, ref)
+    kw.update(num_return_sequences=2, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, output_attentions=True, output_hidden_states=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_beam_fields(out, ref)
+
+
+@pytest.mark.parametrize("arch", ("t5", "bart"))
+def test_beam_search_continue_left_padded_with_eos_matches_transformers(arch):
+    model = tiny_seq2seq(arch, seed=32)
+    ids, mask = _batch(32)
+    dec = torch.tensor([[3, 7, 8], [9, 10, 11], [3, 3, 12]])
+    dec_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    base = dict(num_beams=3, do_sample=False, repetition_penalty=1.4, length_penalty=0.8)
+    first = model.generate(ids, attention_mask=mask, decoder_input_ids=dec,
+                           decoder_attention_mask=dec_mask,
+                           max_new_tokens=3, eos_token_id=None, return_dict_in_generate=True,
+                           **base)
+    cont_mask = torch.cat([torch.ones(3, 1, dtype=torch.long), dec_mask,
+                           torch.ones(3, 3, dtype=torch.long)], dim=1)
+    kw = dict(base, decoder_input_ids=first.sequences, decoder_attention_mask=cont_mask,
+              max_new_tokens=6)
+    ref, _ = _continue_both(model, ids, mask, first.cache, eos_token_id=None, **kw)
+    eos = int(ref[0, 9])
+    ref, out = _continue_both(model, ids, mask, first.cache, eos_token_id=eos, pad_token_id=0,
+                              return_dict_in_generate=True, output_scores=True, **kw)
+    assert (ref.sequences[:, 7:] == eos).any()
+    _assert_same_beam_fields(out, ref)
+
+
+def test_beam_sampling_continue_from_passed_cache_is_reproducible_with_a_seed():
+    model = tiny_seq2seq("bart", seed=33)
+    ids, mask = _batch(33)
+    base = dict(attention_mask=mask, num_beams=2, eos_token_id=None)
+    first = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                           **base)
+    kw = dict(base, decoder_input_ids=first.sequences,
+              decoder_attention_mask=torch.ones_like(first.sequences), max_new_tokens=5,
+              do_sample=True, temperature=1.5, seed=3)
+    outs = [generate(model, ids, cache=copy.deepcopy(first.cache), **kw) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == (3, 9)
+    assert torch.equal(outs[0][:, :4], first.sequences)
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_continue_penalty_skips_what_the_mask_pads_like_transformers(num_beams):
+    """A decoder mask spanning the cache (the new tokens alone passed, one of them the start
+    token so nothing is prepended): transformers' prompt_ignore_length is the mask's left
+    padding counted in sequence columns, so the repetition penalty skips generated tokens too."""
+    model = tiny_seq2seq("bart", seed=41)  # decoder start token 2
+    ids, mask = _batch(41)
+    dec = torch.tensor([[0, 0, 0, 0, 2, 7], [2, 9, 10, 11, 12, 13], [0, 0, 0, 2, 8, 5]])
+    dec_mask = (torch.arange(6) >= torch.tensor([[4], [0], [3]])).long()
+    first = model.generate(ids, attention_mask=mask, decoder_input_ids=dec,
+                           decoder_attention_mask=dec_mask, max_new_tokens=2,
+                           num_beams=num_beams, do_sample=False, eos_token_id=None,
+                           return_dict_in_generate=True)
+    new = first.sequences[:, -1:].clone()
+    new[1, 0] = 2
+    kw = dict(decoder_input_ids=new, max_new_tokens=6, num_beams=num_beams, do_sample=False,
+              decoder_attention_mask=torch.cat([dec_mask, torch.ones(3, 2, dtype=torch.long)], 1),
+              eos_token_id=None, repetition_penalty=3.0, return_dict_in_generate=True,
+              output_scores=True)
+    ref, out = _continue_both(model, ids, mask, first.cache, **kw)
+    _assert_same_fields(out, ref)
+    if num_beams == 1:
+        assert ref.sequences[0, :4].unique().numel() == 1  # a repeat the penalty did not see

@@ -12,9 +12,17 @@ the config, or where returned attention weights must span the written positions 
 whose cross-attention part the model fills at the first step. Penalties, temperature, top-k,
 top-p, min-p and the draw happen in one ``sample()`` call per step.
 
+A passed ``EncoderDecoderCache`` (continuing an earlier call: ``decoder_input_ids`` holding
+its sequences) is used as transformers 5.24 uses it: the encoder runs again, the model reads
+the cache's filled cross-attention part, the first step feeds the decoder tokens past the
+cache when ``decoder_attention_mask`` is as wide as ``decoder_input_ids`` and every decoder
+token on top of it otherwise; the cache is written in place and returned (with beams,
+reordered after every step, the last included). Refused there: ``use_cache=False``, other
+cache types, a cache whose rows are not the decoder's (B x num_beams with beams).
+
 Beam search and beam sampling (``num_beams > 1``) run gpu_sampler.hf.beam_search's loop with
-its forward on the decoder. Refused with ``Unsupported`` (before the model runs): a passed
-cache, models that override ``generate`` or its input preparation (the overrides the loop
+its forward on the decoder. Refused with ``Unsupported`` (before the model runs): models that
+override ``generate`` or its input preparation (the overrides the loop
 reproduces excepted: :mod:`gpu_sampler.hf.whisper`), other encoder inputs, ``compile`` and
 contrastive decoding; with beams also presence / frequency penalties, a streamer and cache
 implementations (``use_cache=False`` feeds the whole decoder sequence each step, as
@@ -63,6 +71,10 @@ class _Run:
     mk: dict                                  # model kwargs after config resolution
     has_default_max: bool
     has_default_min: bool
+    cache: Any = None                         # the caller's EncoderDecoderCache (or None)
+    past: int = 0                             # decoder positions the passed cache holds
+    kv0: int = 0                              # kv position of the decoder's sequence column 0
+    feed: int = 0                             # decoder tokens the first step feeds
     input_ids: Any = None                     # [B, L0] decoder prompt, beam/return-expanded
     input_name: Any = None
     inputs_tensor: Any = None                 # the encoder's input
@@ -107,6 +119,7 @@ class _State:
     mask: Any = None
     out: Any = None
     hist: Any = None
+    skip: Any = None                          # [B] history columns before it stay -1, or None
     fixed_kw: Any = None
     static_len: int = 0
     forward: Any = None
@@ -136,6 +149,10 @@ _HOOKS = ("generate", "prepare_inputs_for_generation", "_update_model_kwargs_for
 # The same, for the call a model's own generate makes through super().generate: it ran.
 _DELEGATED_HOOKS = tuple(h for h in _HOOKS if h != "generate")
 _CHECK_EVERY = 8
+# Refusals with a passed cache, named once per kind (patch warns once per model and feature).
+_UNMATCHED_MASK = "a passed past_key_values with a decoder_attention_mask of another width"
+_NOTHING_BEYOND = "a passed past_key_values with no decoder token beyond it"
+_OTHER_ROWS = "a passed past_key_values whose rows are not the decoder's"
 _INITIAL_NEW_POSITIONS = 256
 
 
@@ -161,7 +178,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
 
     ``inputs`` / ``input_ids`` (or ``inputs_embeds``) feed the encoder, with ``attention_mask``
     (not inferred from padding when missing, as transformers); ``decoder_input_ids`` /
-    ``decoder_attention_mask`` optionally start the decoder. Generation arguments as in
+    ``decoder_attention_mask`` optionally start the decoder; ``past_key_values`` / ``cache``
+    (an ``EncoderDecoderCache``) continues from it, written in place. Generation arguments as in
     transformers, plus ``presence_penalty``, ``frequency_penalty`` and ``seed`` (row b draws
     from seed + b at each decoder position: reproducible and batch-independent).
 
@@ -250,13 +268,33 @@ def _resolve_config(model, generation_config, kwargs):
     if gc.cache_implementation not in (None, "dynamic", "static"):
         raise Unsupported(f"cache_implementation={gc.cache_implementation!r} on "
                           f"encoder-decoder models")
-    if compat.pop_cache(dict(mk)) is not None:
-        raise Unsupported("a passed past_key_values on encoder-decoder models")
+    cache = _passed_cache(gc, mk)
     other = sorted(k for k, v in mk.items() if v is not None
                    and k not in _MODEL_INPUTS + _encoder_inputs(model))
     if other:
         raise Unsupported(f"the model arguments {other}")
-    return _Run(gc=gc, mk=mk, has_default_max=has_default_max, has_default_min=has_default_min)
+    return _Run(gc=gc, mk=mk, has_default_max=has_default_max, has_default_min=has_default_min,
+                cache=cache)
+
+
+def _passed_cache(gc, mk):
+    """The caller's cache, taken out of the model kwargs, with transformers' checks."""
+    cache = compat.pop_cache(mk)
+    if cache is None:
+        return None
+    if gc.cache_implementation is not None:
+        raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
+                         "object) is unsupported. Please use only one of the two.")
+    # transformers runs these only as far as the model's forward allows (a DynamicCache has no
+    # cross-attention part; without use_cache each later step refeeds the whole sequence on
+    # top of the cache): its own generate is the reference for them.
+    if not isinstance(cache, EncoderDecoderCache):
+        raise Unsupported(f"a passed past_key_values of type {type(cache).__name__} on "
+                          f"encoder-decoder models (an EncoderDecoderCache runs)")
+    if gc.use_cache is False:
+        raise Unsupported("a passed past_key_values with use_cache=False on encoder-decoder "
+                          "models")
+    return cache
 
 
 def _refuse_beam_options(run, extras, streamer):
@@ -288,9 +326,7 @@ def _prepare_decoder_inputs(model, run, inputs):
         raise ValueError(f"decoder_input_ids must be a 2-D integer tensor, got "
                          f"{tuple(dec_ids.shape)} {dec_ids.dtype}")
     dec_mask = mk.pop("decoder_attention_mask", None)
-    if dec_mask is not None and tuple(dec_mask.shape) != tuple(dec_ids.shape):
-        raise ValueError(f"decoder_attention_mask has shape {tuple(dec_mask.shape)}, "
-                         f"decoder_input_ids {tuple(dec_ids.shape)}")
+    _fed_positions(run, dec_ids, dec_mask)
     run.expand = max(gc.num_beams or 1, gc.num_return_sequences or 1)
     dec_kw = {} if dec_mask is None else {"decoder_attention_mask": dec_mask.to(device)}
     dec_ids, dec_kw = model._expand_inputs_for_generation(
@@ -305,8 +341,53 @@ def _prepare_decoder_inputs(model, run, inputs):
     run.device, run.B0, run.B, run.L0 = device, B0, dec_ids.shape[0], L0
     run.max_new = gc.max_length - L0
     run.mask_positions = run.dec_mask is not None and positions_follow_mask(model)
+    _check_cache_rows(run)
     # Self-attention positions the cache holds at the end (the last token is never fed).
-    run.kv_total = max(L0 + run.max_new - 1, L0)
+    run.kv_total = run.kv0 + max(L0 + run.max_new - 1, L0)
+
+
+def _fed_positions(run, dec_ids, dec_mask):
+    """How the decoder prompt meets a passed cache, as transformers' _prefill decides: a
+    decoder_attention_mask as wide as decoder_input_ids marks them the full sequence (the
+    first step feeds what the cache lacks); otherwise every decoder token is fed on top of the
+    cache, and the mask (when given) spans the cache too. Sets run.past / feed / kv0."""
+    L0 = dec_ids.shape[1]
+    run.past = int(run.cache.get_seq_length()) if run.cache is not None else 0
+    width = L0 if dec_mask is None else dec_mask.shape[1]
+    if dec_mask is not None and (dec_mask.dim() != 2 or dec_mask.shape[0] != dec_ids.shape[0]
+                                 or width not in (L0, run.past + L0)):
+        shapes = (f"decoder_attention_mask has shape {tuple(dec_mask.shape)}, "
+                  f"decoder_input_ids {tuple(dec_ids.shape)}")
+        if run.cache is not None:
+            # What the model makes of a mask matching neither is its forward's business.
+            raise Unsupported(_UNMATCHED_MASK, f"gpu_sampler.generate does not support "
+                              f"{_UNMATCHED_MASK}: past_key_values holds {run.past} positions, "
+                              f"{shapes}")
+        raise ValueError(shapes)
+    if dec_mask is not None and width == L0:
+        run.feed, run.kv0 = L0 - run.past, 0
+    else:
+        run.feed, run.kv0 = L0, run.past
+    if run.feed <= 0:
+        # transformers then slices input_ids[:, -0:], refeeding the whole sequence.
+        raise Unsupported(_NOTHING_BEYOND, f"gpu_sampler.generate does not support "
+                          f"{_NOTHING_BEYOND}: past_key_values holds {run.past} positions, "
+                          f"the decoder sequence {L0} tokens")
+
+
+def _check_cache_rows(run):
+    """A passed cache runs when it holds one row per decoder row: transformers does not
+    expand it for num_return_sequences / num_beams (a cache from an earlier beam call holds
+    B x num_beams rows), and its forward fails on other counts (that error is transformers' to
+    give)."""
+    if run.cache is None:
+        return
+    rows = next((layer.keys.shape[0] for layer in run.cache.self_attention_cache.layers
+                 if layer.is_initialized), run.B)
+    if rows != run.B:
+        raise Unsupported(_OTHER_ROWS, f"gpu_sampler.generate does not support {_OTHER_ROWS}: "
+                          f"past_key_values holds {rows} rows, the decoder {run.B} "
+                          f"({run.B0} x {run.expand} for num_return_sequences / num_beams)")
 
 
 def _plan_step(model, run, logits_processor, stopping_criteria, extras):
@@ -386,7 +467,10 @@ def _allocate(model, run):
     gc, B, L0 = run.gc, run.B, run.L0
     st = _State()
     cap = min(run.kv_total, L0 + _INITIAL_NEW_POSITIONS)
-    if gc.use_cache is not False:
+    if run.cache is not None:
+        # The caller's cache: written in place and returned, as transformers does.
+        st.cache, st.self_cache = run.cache, run.cache.self_attention_cache
+    elif gc.use_cache is not False:
         if gc.cache_implementation == "static":
             made = {"encoder_outputs": run.encoder_outputs}
             model._prepare_cache_for_generation(gc, made, None, run.B0, gc.max_length - 1)
@@ -403,8 +487,10 @@ def _allocate(model, run):
     st.static_len = st.cache.get_max_length() if static else 0
     st.mask = None
     if run.dec_mask is not None:
-        st.mask = run.dec_mask.new_ones(B, max(st.cap, st.static_len, L0))
-        st.mask[:, :L0] = run.dec_mask
+        # Indexed by kv position: the mask spans the passed cache too when it is wider.
+        width = run.dec_mask.shape[1]
+        st.mask = run.dec_mask.new_ones(B, max(st.cap, st.static_len, width))
+        st.mask[:, :width] = run.dec_mask
     seq_cap = min(gc.max_length, L0 + _INITIAL_NEW_POSITIONS)
     st.out = torch.empty(B, seq_cap, dtype=torch.long, device=run.device)
     st.out[:, :L0] = run.input_ids
@@ -414,6 +500,10 @@ def _allocate(model, run):
     ids = run.input_ids
     if run.dec_mask is not None:
         ids = ids.masked_fill(prompt_history_mask(run.dec_mask, L0), -1)
+        if run.dec_mask.shape[1] > L0:
+            # A mask spanning a passed cache: transformers counts its left padding in sequence
+            # columns, which may reach past the prompt into the generated tokens.
+            st.skip = (run.dec_mask != 0).int().argmax(dim=1)
     st.hist[:, :L0] = ids
     st.fixed_kw = _fixed_inputs(model, run, st)
     st.forward = model
@@ -462,7 +552,8 @@ def _ensure_room(run, st, kv_need, seq_need):
 
 def _step(run, st, ids, length):
     """One decoder forward over `ids` (the tokens past st.kv; the whole sequence without a
-    cache): (last logits float32, decoder attentions, cross attentions, decoder hidden)."""
+    cache), `length` kv positions after it: (last logits float32, decoder attentions, cross
+    attentions, decoder hidden)."""
     kw = dict(st.fixed_kw)
     kw["decoder_input_ids"] = ids
     if st.mask is not None:
@@ -479,15 +570,17 @@ def _step(run, st, ids, length):
 def _decode(model, run, st, streamer):
     """The first step over the decoder prompt, then one sample() per step until every row
     stops or max_length is reached."""
-    B, L0, device = run.B, run.L0, run.device
-    step = _step(run, st, run.input_ids, L0)
-    st.kv = L0
+    B, L0, device, kv0 = run.B, run.L0, run.device, run.kv0
+    step = _step(run, st, run.input_ids[:, L0 - run.feed:], kv0 + L0)
+    st.kv = kv0 + L0
     rec = _Recorded()
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
     invalid = torch.zeros(B, dtype=torch.bool, device=device)
     steps_run = torch.zeros((), dtype=torch.long, device=device)
-    # A cache handed back as is must not hold positions of steps past the stop.
-    returns_cache = not st.own and st.cache is not None and run.gc.return_dict_in_generate
+    # A cache handed back as is (or the caller's) must not hold positions of steps past the
+    # stop.
+    returns_cache = not st.own and st.cache is not None and (
+        run.gc.return_dict_in_generate or run.cache is not None)
     sync_every_step = streamer is not None or len(run.host_crit) > 0 or returns_cache
     for i in range(run.max_new):
         cur = L0 + i
@@ -497,7 +590,7 @@ def _decode(model, run, st, streamer):
         if run.has_eos:
             tok = torch.where(unfinished, tok, run.pad)
         st.out[:, cur] = tok
-        st.hist[:, cur] = tok
+        st.hist[:, cur] = tok if st.skip is None else tok.masked_fill(cur < st.skip, -1)
         steps_run += unfinished.any()
         if streamer is not None:
             streamer.put(tok.cpu())
@@ -513,10 +606,10 @@ def _decode(model, run, st, streamer):
             _raise_if_invalid(invalid)
             if not bool(unfinished.any()):
                 break
-        _ensure_room(run, st, cur + 1, cur + 2)
+        _ensure_room(run, st, kv0 + cur + 1, cur + 2)
         ids = tok[:, None] if st.cache is not None else st.out[:, :cur + 1]
-        step = _step(run, st, ids, cur + 1)
-        st.kv = cur + 1
+        step = _step(run, st, ids, kv0 + cur + 1)
+        st.kv = kv0 + cur + 1
     _raise_if_invalid(invalid)
     n = int(steps_run)
     if streamer is not None:
@@ -568,11 +661,7 @@ def _output(model, run, st, rec, sequences, n):
 
 def _as_dynamic(model, cache, B, length):
     """An EncoderDecoderCache of DynamicCaches holding `cache`'s first `length` positions."""
-    dynamic = DynamicCache(config=decoder_config(model))
-    for idx, layer in enumerate(cache.self_attention_cache.layers):
-        if layer.is_initialized:
-            dynamic.update(layer.keys[:B, :, :length].clone(),
-                           layer.values[:B, :, :length].clone(), idx)
+    dynamic = cache.self_attention_cache.to_dynamic(decoder_config(model), B, length)
     return EncoderDecoderCache(dynamic, cache.cross_attention_cache)
 
 
@@ -582,13 +671,17 @@ def _beam_search(model, run, extras):
     def start(rows, cache_len, want_attn):
         # Attention weights must span the written positions only: a DynamicCache then.
         cache = None  # use_cache=False: transformers feeds the whole decoder sequence
-        if run.gc.use_cache is not False:
+        if run.cache is not None:
+            cache = run.cache
+        elif run.gc.use_cache is not False:
             mine = None if want_attn else _own_cache(model, rows, cache_len)
             cfg = decoder_config(model)
             cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
         fixed = _fixed_inputs(model, run, _State(cache=cache))
 
-        def forward(ids, mask, pos, embeds=None, extra=None):  # (beam_search's forward)
+        # (beam_search's forward; its _Feed feeds the decoder tokens past a passed cache and
+        # slices the mask to the written positions of a cache that is not static)
+        def forward(ids, mask, pos, embeds=None, extra=None):
             kw = dict(fixed, decoder_input_ids=ids)
             if run.dec_mask is not None:
                 kw["decoder_attention_mask"] = mask
@@ -610,7 +703,10 @@ def _beam_search(model, run, extras):
             encoder_hidden_states=enc.get("hidden_states") if run.gc.output_hidden_states
             else None)
 
-    mask = run.dec_mask if run.dec_mask is not None else torch.ones_like(run.input_ids)
+    # The loop's mask indexes kv positions: it spans a passed cache the decoder tokens are fed
+    # on top of (run.kv0), and its left padding is transformers' prompt_ignore_length.
+    mask = run.dec_mask if run.dec_mask is not None else run.input_ids.new_ones(
+        run.B, run.kv0 + run.L0)
     return beam_search(model, run.input_ids, mask, run.gc, run.procs, run.user_lp, run.user_sc,
                        extras.tokenizer, seed=extras.seed,
                        decoder=Decoder(start=start, output=output))
