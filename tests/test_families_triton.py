@@ -1,9 +1,11 @@
 """Each model family generate() serves, with the step on the Triton kernels (the interpreter on
-CPU; CUDA runs them by default): greedy and beam search token-identical to transformers,
-seeded sampling identical to the torch twin's tokens (both draw from one counter-based RNG).
+CPU; CUDA runs them by default): beam search token-identical to transformers, seeded sampling
+identical to the torch twin's tokens (both draw from one counter-based RNG).
 
 The other tests run these families on the torch twin (the CPU backend); this file is the
-other backend, one small call per mode, kept short for the interpreter."""
+other backend, one small call per mode, kept short for the interpreter (decoder-only models on
+the kernels: tests/test_beam.py, tests/test_kernel_edits.py). Greedy without penalties never
+reaches a kernel (sample()'s all-greedy path is an argmax)."""
 import warnings
 
 import pytest
@@ -14,18 +16,11 @@ from gpu_sampler import params
 from gpu_sampler.hf.generation import generate
 from tests import vlm_models
 from tests.conftest import BACKENDS
-from tests.models import left_padded, tiny_model
 from tests.test_seq2seq import _batch, tiny_seq2seq
 from tests.test_whisper import features, tiny_whisper
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton (GPU or "
                                                                  "interpreter)")
-
-
-def _decoder_only(seed):
-    model = tiny_model("gpt2", seed=seed, vocab_size=96)
-    ids, mask = left_padded([6, 3], seed, vocab=96)
-    return model, dict(input_ids=ids, attention_mask=mask)
 
 
 def _seq2seq(arch):
@@ -41,39 +36,49 @@ def _vlm(name):
     return build
 
 
-FAMILIES = {"gpt2": _decoder_only, "t5": _seq2seq("t5"), "bart": _seq2seq("bart"),
+FAMILIES = {"t5": _seq2seq("t5"), "bart": _seq2seq("bart"),
             "llava": _vlm("llava"), "qwen2_vl": _vlm("qwen2_vl"), "gemma3": _vlm("gemma3"),
             "paligemma": _vlm("paligemma"), "idefics3": _vlm("idefics3")}
 
 
 def _on(monkeypatch, backend):
-    monkeypatch.setattr(params, "pick_backend", lambda requested, logits: backend)
+    """Every sampler call picks `backend`; returns the list its calls are counted in."""
+    calls = []
+
+    def pick(requested, logits):
+        calls.append(backend)
+        return backend
+    monkeypatch.setattr(params, "pick_backend", pick)
+    return calls
+
+
+SAMPLED = dict(max_new_tokens=3, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=5)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_on_the_kernels(family, monkeypatch):
     model, inputs = FAMILIES[family](seed=2)
-    greedy = dict(max_new_tokens=3, do_sample=False, repetition_penalty=1.3)
     beams = dict(max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
-    sampled = dict(max_new_tokens=3, do_sample=True, temperature=0.8, top_k=20, top_p=0.9,
-                   seed=5)
-    ref_greedy, ref_beams = model.generate(**inputs, **greedy), model.generate(**inputs, **beams)
+    ref_beams = model.generate(**inputs, **beams)
     _on(monkeypatch, "torch")
-    twin = generate(model, **inputs, **sampled)
-    _on(monkeypatch, "triton")
-    assert torch.equal(generate(model, **inputs, **greedy), ref_greedy)
+    twin = generate(model, **inputs, **SAMPLED)
+    kernel_calls = _on(monkeypatch, "triton")
     assert torch.equal(generate(model, **inputs, **beams), ref_beams)
-    assert torch.equal(generate(model, **inputs, **sampled), twin)
+    assert torch.equal(generate(model, **inputs, **SAMPLED), twin)
+    assert len(kernel_calls) >= 6  # each step of both calls
 
 
 def test_whisper_on_the_kernels(monkeypatch):
-    # Whisper's own generate under patch(model): its inner decoding loop draws on the kernels.
+    # Whisper's own generate under patch(model): its inner decoding loop runs on the kernels.
     model, x = tiny_whisper(1), features(2, 1)
-    kw = dict(language="fr", max_new_tokens=4)
-    ref, ref_beams = model.generate(x, **kw), model.generate(x, num_beams=2, **kw)
+    kw = dict(language="fr")
+    ref_beams = model.generate(x, num_beams=2, max_new_tokens=3, **kw)
     gpu_sampler.patch(model)
-    _on(monkeypatch, "triton")
+    _on(monkeypatch, "torch")
+    twin = model.generate(x, **kw, **SAMPLED)
+    kernel_calls = _on(monkeypatch, "triton")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a fallback would warn
-        assert torch.equal(model.generate(x, **kw), ref)
-        assert torch.equal(model.generate(x, num_beams=2, **kw), ref_beams)
+        assert torch.equal(model.generate(x, num_beams=2, max_new_tokens=3, **kw), ref_beams)
+        assert torch.equal(model.generate(x, **kw, **SAMPLED), twin)
+    assert len(kernel_calls) >= 6
