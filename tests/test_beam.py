@@ -478,3 +478,26 @@ def test_beam_search_on_sliding_window_layers_like_hf(return_dict):
     assert type(out.past_key_values) is type(ref.past_key_values)
     for a, b in zip(out.past_key_values.layers, ref.past_key_values.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_search_from_embeds_on_a_passed_cache_like_hf():
+    # inputs_embeds span the cached positions too: the prefill feeds only what the cache lacks.
+    model = tiny_model("llama", seed=9)
+    ids, mask = left_padded([7, 4], _seed())
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                           return_dict_in_generate=True)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(first.sequences)
+
+    def expanded():
+        cache = first.past_key_values.__class__(config=model.config)
+        for i, layer in enumerate(first.past_key_values.layers):
+            cache.update(layer.keys.clone(), layer.values.clone(), i)
+        cache.batch_repeat_interleave(2)
+        return cache
+    kw = dict(attention_mask=torch.cat([mask, mask.new_ones(2, 3)], dim=1), num_beams=2,
+              max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+              output_scores=True, output_logits=True)
+    ref = model.generate(inputs_embeds=embeds, past_key_values=expanded(), **kw)
+    _assert_same_output(generate(model, inputs_embeds=embeds, past_key_values=expanded(), **kw),
+                        ref)

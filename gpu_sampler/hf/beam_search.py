@@ -251,7 +251,9 @@ class _Feed:
         """The prefill's (ids, mask, positions, embeds, extra): the positions a passed cache
         lacks."""
         new = self.P - self.past
-        if embeds is None and input_ids.shape[1] > new:
+        if embeds is not None:
+            embeds = embeds[:, -new:]
+        elif input_ids.shape[1] > new:
             input_ids = input_ids[:, -new:]
         self.pos = self.pos[..., -new:]
         extra = dict(self.prefill, **{k: buf[:, self.past:self.P] for k, buf in self.typed.items()})
