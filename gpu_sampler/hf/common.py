@@ -2,6 +2,7 @@
 import torch
 from transformers.generation import logits_process as lp
 
+from . import compat
 from .cache import StaticKVCache
 
 # Pure -inf masks: they commute with the repetition penalty and the log-softmax shift (a
@@ -50,3 +51,23 @@ def own_cache(model, batch, length):
         return StaticKVCache(model.config, batch, length)
     except (ValueError, NotImplementedError):  # layer types it does not hold: DynamicCache
         return None
+
+
+def take_passed_cache(gc, model_kwargs):
+    """The caller's cache, removed from generate's model kwargs (either name), with
+    transformers' check against ``cache_implementation``; None when none was passed."""
+    cache = compat.pop_cache(model_kwargs)
+    if cache is not None and gc.cache_implementation is not None:
+        raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
+                         "object) is unsupported. Please use only one of the two.")
+    return cache
+
+
+def cache_rows(cache):
+    """The batch rows a cache's layers hold, None before its first write. transformers never
+    expands a passed cache: generate runs on one only when it holds the expanded rows."""
+    for layer in getattr(cache, "layers", ()):
+        keys = getattr(layer, "keys", None)
+        if getattr(layer, "is_initialized", False) and isinstance(keys, torch.Tensor):
+            return keys.shape[0]
+    return None

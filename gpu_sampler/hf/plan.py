@@ -17,7 +17,7 @@ from transformers.generation import stopping_criteria as sc
 from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
-from .common import Unsupported, is_in
+from .common import Unsupported, cache_rows, is_in, take_passed_cache
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
@@ -184,14 +184,10 @@ def _model_inputs(model, gc, mk, inputs):
 
 
 def _passed_cache(gc, mk):
-    cache = compat.pop_cache(mk)
-    if cache is not None:
-        if gc.cache_implementation is not None:
-            raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
-                             "object) is unsupported. Please use only one of the two.")
-        if not isinstance(cache, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache (DynamicCache, "
-                             f"StaticCache, StaticKVCache), got {type(cache).__name__}")
+    cache = take_passed_cache(gc, mk)
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"past_key_values must be a transformers Cache (DynamicCache, "
+                         f"StaticCache, StaticKVCache), got {type(cache).__name__}")
     return cache
 
 
@@ -261,19 +257,10 @@ def refuse_beam_options(inputs, extras):
         # transformers does not expand a passed cache: it runs only on one the caller built
         # with B * num_beams rows (else the model's cat fails), and never without the cache.
         ("past_key_values without B * num_beams rows", inputs.cache is not None and (
-            _cache_rows(inputs.cache) not in (None, inputs.B) or inputs.gc.use_cache is False))
+            cache_rows(inputs.cache) not in (None, inputs.B) or inputs.gc.use_cache is False))
     ) if on]
     if unsupported:
         raise Unsupported(f"{unsupported} with num_beams > 1")
-
-
-def _cache_rows(cache):
-    """The batch rows a cache holds, None before its first write."""
-    for layer in getattr(cache, "layers", ()):
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.numel():
-            return keys.shape[0]
-    return None
 
 
 def _criteria(model, gc, stopping_criteria, tokenizer):

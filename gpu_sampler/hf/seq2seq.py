@@ -49,7 +49,8 @@ from ..sampler import sample
 from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
-from .common import Unsupported, is_in, prompt_history_mask
+from .common import (Unsupported, cache_rows, is_in, prompt_history_mask,
+                     take_passed_cache)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
@@ -279,12 +280,9 @@ def _resolve_config(model, generation_config, kwargs):
 
 def _passed_cache(gc, mk):
     """The caller's cache, taken out of the model kwargs, with transformers' checks."""
-    cache = compat.pop_cache(mk)
+    cache = take_passed_cache(gc, mk)
     if cache is None:
         return None
-    if gc.cache_implementation is not None:
-        raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
-                         "object) is unsupported. Please use only one of the two.")
     # transformers runs these only as far as the model's forward allows (a DynamicCache has no
     # cross-attention part; without use_cache each later step refeeds the whole sequence on
     # top of the cache): its own generate is the reference for them.
@@ -382,8 +380,7 @@ def _check_cache_rows(run):
     give)."""
     if run.cache is None:
         return
-    rows = next((layer.keys.shape[0] for layer in run.cache.self_attention_cache.layers
-                 if layer.is_initialized), run.B)
+    rows = cache_rows(run.cache.self_attention_cache) or run.B
     if rows != run.B:
         raise Unsupported(_OTHER_ROWS, f"gpu_sampler.generate does not support {_OTHER_ROWS}: "
                           f"past_key_values holds {rows} rows, the decoder {run.B} "
