@@ -239,7 +239,7 @@ class _Feed:
         full_mask = attention_mask.new_ones(plan.N, max(cache_len, span))
         full_mask[:, :P] = attention_mask
         past = int(cache.get_seq_length()) if cache is not None else 0
-        typed = _typed_buffers(step, P, full_mask.shape[1])
+        typed = step.per_position(P, full_mask.shape[1])[0] if step is not None else {}
         if step is None:
             return cls(whole, P, past, span, full_mask, pos, {}, {}, typed, ())
         prefill = dict(step.every, **step.prefill)
@@ -274,21 +274,6 @@ class _Feed:
             ids = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
             extra.update({name: self.typed[name][:, n - 1:n] for name in self.decode_typed})
         return ids, self.full_mask[:, :max(n, self.span)], self.pos, None, extra
-
-
-def _typed_buffers(step, P, width):
-    """name -> [N, width] per-position input by kv position: the given values right-aligned to
-    the prompt's P positions, then what a generated token gets (the last value, or the
-    model's own)."""
-    bufs = {}
-    for name, given in (step.typed.items() if step is not None else ()):
-        fill = step.fill.get(name)
-        new = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
-        buf = new.expand(-1, width).contiguous()
-        k = min(P, given.shape[1])
-        buf[:, P - k:P] = given[:, given.shape[1] - k:]
-        bufs[name] = buf
-    return bufs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,7 +97,7 @@ class Buffers:
                                  f"needs {inp.kv_total} (max_length {inp.gc.max_length})")
             kv_cap = max(kv_cap, fixed)
         pos, next_pos = _positions(inp, kv_cap)
-        typed, typed_new = _per_position(inp, plan.step, kv_cap)
+        typed, typed_new = plan.step.per_position(inp.P, kv_cap)
         out, hist, ignored = _sequences(inp, min(inp.gc.max_length,
                                                  inp.L0 + _INITIAL_NEW_POSITIONS))
         mask = inp.mask.new_ones(inp.B, kv_cap)
@@ -216,20 +216,6 @@ def _positions(inp, kv_cap):
     k = min(inp.P, given.shape[-1])
     pos[..., inp.P - k:inp.P] = given[..., given.shape[-1] - k:]
     return pos, given[..., -1] + 1
-
-
-def _per_position(inp, step, kv_cap):
-    """(name -> [B, kv_cap] buffer holding the prompt's values, name -> [B, 1] the value each
-    generated token gets: the last one repeated, or the model's constant)."""
-    bufs, new = {}, {}
-    for name, given in step.typed.items():
-        fill = step.fill.get(name)
-        last = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
-        buf = last.expand(inp.B, kv_cap).contiguous()
-        k = min(inp.P, given.shape[1])
-        buf[:, inp.P - k:inp.P] = given[:, given.shape[1] - k:]
-        bufs[name], new[name] = buf, last
-    return bufs, new
 
 
 def _sequences(inp, seq_cap):

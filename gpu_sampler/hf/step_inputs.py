@@ -64,6 +64,20 @@ class StepInputs:
     def multimodal(self):
         return bool(self.prefill or self.every) or self.pos_offset != 0
 
+    def per_position(self, P, width):
+        """(name -> [B, width] buffer by kv position: the given values right-aligned to the P
+        prompt positions, then what a generated token gets; name -> [B, 1] that value: the
+        last one repeated, or the model's constant)."""
+        bufs, new = {}, {}
+        for name, given in self.typed.items():
+            fill = self.fill.get(name)
+            last = given[:, -1:] if fill is None else torch.full_like(given[:, -1:], fill)
+            buf = last.expand(-1, width).contiguous()
+            k = min(P, given.shape[1])
+            buf[:, P - k:P] = given[:, given.shape[1] - k:]
+            bufs[name], new[name] = buf, last
+        return bufs, new
+
 
 def refuse_inputs(model, model_kwargs):
     """Unsupported for model kwargs the loop does not forward: image inputs of model types not
