@@ -655,3 +655,11 @@ def test_continue_penalty_skips_what_the_mask_pads_like_transformers(num_beams):
     _assert_same_fields(out, ref)
     if num_beams == 1:
         assert ref.sequences[0, :4].unique().numel() == 1  # a repeat the penalty did not see
+
+
+def test_labels_among_the_inputs_are_not_forwarded():
+    # As transformers: `labels` passed to generate reach no forward (no refusal, same tokens).
+    model = tiny_seq2seq("t5", seed=3)
+    ids, mask = _batch(3)
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, labels=ids)
+    assert torch.equal(generate(model, ids, **kw), model.generate(ids, **kw))

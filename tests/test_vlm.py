@@ -1,5 +1,6 @@
 """Vision-language models: gpu_sampler.generate against transformers' model.generate on tiny
 random models (tests/vlm_models.py) with image inputs, left-padded prompts."""
+import copy
 import warnings
 
 import pytest
@@ -141,6 +142,27 @@ def test_patched_generate_runs_ours(family):
     finally:
         unpatch(model)
     assert torch.equal(out, model.generate(**inputs, max_new_tokens=4, do_sample=False))
+
+
+def test_patched_assistant_in_transformers_assisted_decoding(family):
+    # transformers' assisted decoding calls the assistant's generate round after round on its
+    # cache, with generation_config.is_assistant: that call's prefill drops the image inputs
+    # (is_first_iteration=False). A patched assistant runs ours there and must do the same.
+    model, inputs, name = family
+    _, one = getattr(vlm_models, name)(lengths=(9,))  # transformers' assisted decoding: batch 1
+    kw = dict(max_new_tokens=6, do_sample=False)
+    greedy = model.generate(**one, **kw)
+    assistant = patch(copy.deepcopy(model), fallback=False)
+    assert torch.equal(model.generate(**one, assistant_model=assistant, **kw), greedy)
+
+
+def test_labels_among_the_inputs_are_not_forwarded(family):
+    # transformers' testers pass their input dict, labels included, straight to generate; its
+    # prepare_inputs_for_generation never forwards labels (a loss over one position's logits).
+    model, inputs, _ = family
+    kw = dict(max_new_tokens=3, do_sample=False, labels=inputs["input_ids"])
+    ref, out = _both(model, inputs, **kw)
+    assert torch.equal(out, ref)
 
 
 def test_unverified_vision_model_is_refused(family, monkeypatch):

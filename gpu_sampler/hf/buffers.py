@@ -62,7 +62,12 @@ def _working_cache(model, plan, kv_cap):
     # weights depend on the span): run on one.
     full = None if plan.want_attn else own_cache(model, inp.B, inp.kv_total)
     if full is None or (gc.return_dict_in_generate and any(full.is_sliding)):
-        return DynamicCache(config=model.config), False
+        dynamic = DynamicCache(config=model.config)
+        if gc.is_assistant and hasattr(dynamic, "activate_past_recording"):
+            # As transformers marks an assistant's new cache: its assisted decoding crops it
+            # back each round, past a sliding window too.
+            dynamic.activate_past_recording()
+        return dynamic, False
     return own_cache(model, inp.B, kv_cap), True
 
 

@@ -71,3 +71,14 @@ def cache_rows(cache):
         if getattr(layer, "is_initialized", False) and isinstance(keys, torch.Tensor):
             return keys.shape[0]
     return None
+
+
+# Model kwargs transformers' prepare_inputs_for_generation never forwards (a tester's `labels`
+# would make the prefill compute a loss against one position's logits).
+NEVER_FORWARDED = ("labels", "next_sequence_length")
+
+
+def drop_never_forwarded(model_kwargs):
+    for name in NEVER_FORWARDED:
+        model_kwargs.pop(name, None)
+    return model_kwargs

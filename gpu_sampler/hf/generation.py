@@ -307,7 +307,7 @@ def _prefill(model, plan, bufs):
         kw = bufs.model_inputs(plan, inp.new, embeds=inp.embeds[:, -inp.new:], prefill=True)
     else:
         ids = inp.input_ids[:, -inp.new:] if bufs.cache is not None else inp.input_ids
-        kw = bufs.model_inputs(plan, inp.new, ids=ids, prefill=True)
+        kw = bufs.model_inputs(plan, inp.new, ids=ids, prefill=plan.first_iteration)
     o = model(**kw)
     fwd = _result(plan, bufs, kw, o.logits[:, -1, :], o.attentions if plan.want_attn else None,
                   o.hidden_states if plan.want_hidden else None)

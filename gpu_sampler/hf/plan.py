@@ -17,7 +17,8 @@ from transformers.generation import stopping_criteria as sc
 from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
-from .common import Unsupported, cache_rows, is_in, take_passed_cache
+from .common import (Unsupported, cache_rows, drop_never_forwarded, is_in,
+                     take_passed_cache)
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
@@ -97,6 +98,10 @@ class Plan:
     takes_pos: bool
     logits_to_keep: Optional[int]
     step: StepInputs                 # the other model inputs, by the forwards that get them
+    # transformers' is_first_iteration for the prefill: False in an assistant's call
+    # (generation_config.is_assistant, set by its assisted decoding), whose prefill then gets
+    # what a decode forward gets (no prefill-only image inputs; a model's own decode view).
+    first_iteration: bool
 
     @property
     def gc(self):
@@ -138,7 +143,7 @@ def resolve_config(model, generation_config, kwargs):
     gc, model_kwargs, has_default_max, has_default_min = compat.transformers_config(
         model, generation_config, kwargs)
     refuse_config(gc, allowed=("prompt_lookup_num_tokens",))  # hf/assisted.py runs it
-    refuse_inputs(model, model_kwargs)
+    refuse_inputs(model, drop_never_forwarded(model_kwargs))
     return Resolved(gc, model_kwargs, has_default_max, has_default_min)
 
 
@@ -292,6 +297,9 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
         sample_kw["seed"] = sampling_params.row_seeds(extras.seed, inputs.B, inputs.device)
     amateur = extras.amateur
     step = split_inputs(model, inputs.model_kwargs)
+    if gc.is_assistant and inputs.embeds is not None:
+        # transformers' assistant prefill (is_first_iteration False) reads the ids instead.
+        raise Unsupported("inputs_embeds in an assistant's call (generation_config.is_assistant)")
     if amateur is not None and (inputs.embeds is not None or inputs.past or step.multimodal):
         raise Unsupported("amateur_model with inputs_embeds, a filled past_key_values or image "
                           "inputs", "contrastive decoding (amateur_model) takes input_ids "
@@ -313,4 +321,5 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
         cache_arg=compat.cache_arg(model), takes_mask="attention_mask" in params,
         takes_pos="position_ids" in params,
         logits_to_keep=inputs.model_kwargs.get(
-            "logits_to_keep", 1 if "logits_to_keep" in params else None), step=step)
+            "logits_to_keep", 1 if "logits_to_keep" in params else None), step=step,
+        first_iteration=not gc.is_assistant)

@@ -49,8 +49,8 @@ from ..sampler import sample
 from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
-from .common import (Unsupported, cache_rows, is_in, prompt_history_mask,
-                     take_passed_cache)
+from .common import (Unsupported, cache_rows, drop_never_forwarded, is_in,
+                     prompt_history_mask, take_passed_cache)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
@@ -270,6 +270,7 @@ def _resolve_config(model, generation_config, kwargs):
         raise Unsupported(f"cache_implementation={gc.cache_implementation!r} on "
                           f"encoder-decoder models")
     cache = _passed_cache(gc, mk)
+    drop_never_forwarded(mk)
     other = sorted(k for k, v in mk.items() if v is not None
                    and k not in _MODEL_INPUTS + _encoder_inputs(model))
     if other:
