@@ -165,6 +165,20 @@ def test_labels_among_the_inputs_are_not_forwarded(family):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_prefix_lm_without_token_types_attends_as_on_transformers_cache(num_beams):
+    # PaliGemma's decoder is not causal by itself (is_causal False): on transformers' default
+    # DynamicCache an unpadded prompt gets no mask (it attends both ways), on a static cache a
+    # causal one. Without token types that changes the logits (1e-3): we run its cache then.
+    model, inputs = vlm_models.paligemma(lengths=(9, 9))
+    inputs = {k: v for k, v in inputs.items() if k != "token_type_ids"}
+    kw = dict(max_new_tokens=3, do_sample=False, num_beams=num_beams,
+              return_dict_in_generate=True, output_logits=True)
+    ref, out = _both(model, inputs, **kw)
+    _same(out.logits, ref.logits, "logits")
+    _same(out.sequences, ref.sequences, "sequences")
+
+
 def test_unverified_vision_model_is_refused(family, monkeypatch):
     model, inputs, _ = family
     monkeypatch.setattr(step_inputs, "VISION_MODEL_TYPES", frozenset())

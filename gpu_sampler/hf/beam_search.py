@@ -31,7 +31,7 @@ from .. import params
 from ..beam import beam_topk
 from .cache import StaticKVCache
 from . import compat
-from .common import MASKS, is_in, prompt_history_mask
+from .common import MASKS, is_in, own_cache, prompt_history_mask
 
 __all__ = ["beam_search"]
 
@@ -198,14 +198,15 @@ def _decoder_only_cache(model, gc, plan, cache_len):
     """The decoder-only loop's cache: none with use_cache=False (transformers then feeds the
     whole sequence each step); a DynamicCache when attention weights are returned (they must
     span the written positions only, as transformers' do: padding rows' weights depend on the
-    span) or when a cache with sliding layers is returned; else our StaticKVCache, reordered in
-    place and returned as a DynamicCache."""
+    span), when a cache with sliding layers is returned or where ours would not give its
+    results (common.own_cache); else our StaticKVCache, reordered in place and returned as a
+    DynamicCache."""
     if gc.use_cache is False:
         return None
     if plan.want_attn:
         return DynamicCache(config=model.config)
-    mine = StaticKVCache(model.config, plan.N, cache_len)
-    if gc.return_dict_in_generate and any(mine.is_sliding):
+    mine = own_cache(model, plan.N, cache_len)
+    if mine is None or (gc.return_dict_in_generate and any(mine.is_sliding)):
         # A returned DynamicCache holds sliding layers' last window: run on one then.
         return DynamicCache(config=model.config)
     return mine

@@ -46,11 +46,22 @@ def raise_if_invalid(invalid):
 
 
 def own_cache(model, batch, length):
-    """Our StaticKVCache for `length` positions, or None where it refuses the model's config."""
+    """Our StaticKVCache for `length` positions of a decoder-only model, or None where it would
+    not give what transformers' default DynamicCache gives: layer types it does not hold, or a
+    decoder whose attention is not causal by itself (PaliGemma's Gemma: ``is_causal`` False).
+    There transformers' mask code skips the mask of an unpadded prompt on a DynamicCache (so
+    the prompt attends both ways) but never on a static cache (causal): logits 1e-3 apart."""
+    if _attends_both_ways(model):
+        return None
     try:
         return StaticKVCache(model.config, batch, length)
     except (ValueError, NotImplementedError):  # layer types it does not hold: DynamicCache
         return None
+
+
+def _attends_both_ways(model):
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return any(getattr(m, "is_causal", True) is False for m in decoder.modules())
 
 
 def take_passed_cache(gc, model_kwargs):
