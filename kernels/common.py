@@ -215,8 +215,7 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
                     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                     HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
                     HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    arow_ptr, la, beta, me, CD: tl.constexpr, LOCAL: tl.constexpr,
-                    HIST_BINS: tl.constexpr = False):
+                    arow_ptr, la, beta, me, CD: tl.constexpr, LOCAL: tl.constexpr):
     """Statistics block t of the row: (token ids, in-bounds mask, penalised xp, expert block
     max, min expert logit on the block's head, the logits as loaded in fp32: top-N "raw").
 
@@ -266,22 +265,16 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         # the unbucketed history (sampling._direct_history: a launch whose stage 1 runs one
         # block a program, repetition penalty only, L <= E_BLOCK <= 256, no history launch):
         # erow_ptr is the row's own contiguous ids and brow_ptr their number L. The block
-        # marks the ids that fall in it, the same set as its bucketed slice
-        # (0 <= id - start < TILE), so the same seen > 0 and the same xp: stage 1
-        # (HIST_BINS) in one histogram, the merge's rare re-reads one id at a time (the
-        # histogram spilled 16 bytes in the merge under its 128-register cap)
+        # histograms the ids that fall in it, the same set as its bucketed slice
+        # (0 <= id - start < TILE), so the same seen > 0 and the same xp (stage 1, and the
+        # merge's rare re-reads: that merge compiles at the 192-register cap, 16 bytes spilled
+        # at 128; one id at a time there was a latency-bound loop, 125 us modelled on a
+        # confident row's dirty block)
         tl.static_assert(not HAS_PF)
-        if HIST_BINS:
-            hoffs = tl.arange(0, E_BLOCK)
-            ids = tl.load(erow_ptr + hoffs, mask=hoffs < brow_ptr, other=-1)
-            hin = (ids >= start) & (ids < start + TILE)
-            seen = tl.histogram(tl.where(hin, ids - start, 0).to(tl.int32), TILE, mask=hin)
-        else:
-            seen = tl.zeros([TILE], dtype=tl.int32)
-            for h in range(0, brow_ptr):
-                rel = tl.load(erow_ptr + h) - start
-                rel = tl.where((rel >= 0) & (rel < TILE), rel, -1).to(tl.int32)
-                seen += (lane == rel).to(tl.int32)
+        hoffs = tl.arange(0, E_BLOCK)
+        ids = tl.load(erow_ptr + hoffs, mask=hoffs < brow_ptr, other=-1)
+        hin = (ids >= start) & (ids < start + TILE)
+        seen = tl.histogram(tl.where(hin, ids - start, 0).to(tl.int32), TILE, mask=hin)
         xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
     elif HAS_REP or HAS_PF:
         e0 = tl.load(brow_ptr + t)

@@ -100,7 +100,7 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     offs, inb, xp, emax, elo, raw = _penalised_tile(
         lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
         TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
-        arow, la, beta, me, CD, LOCAL, True)
+        arow, la, beta, me, CD, LOCAL)
     # Statistics in xp (before the temperature): x = fl(xp / T) is monotone in xp, so max, min,
     # windows and candidates carry over, and no lane divides (the merge divides candidates).
     # Blocks with neither NaN nor +inf, whose x does not overflow (all but a few): max xp

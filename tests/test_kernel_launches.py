@@ -38,10 +38,10 @@ def test_direct_history_matches_bucketed(monkeypatch):
     hist = _Count(ks._bucket_history_kernel)
     monkeypatch.setattr(ks, "_bucket_history_kernel", hist)
     gen = torch.Generator().manual_seed(3)
-    V, B = 1500, 2
+    V, B = 1000, 2
     x = torch.randn(B, V, generator=gen) * 2
-    x[1, :700] = 0.25  # a flat stretch: dirty blocks / the row pass re-read with the penalty
-    for L in (1, 37, 256):
+    x[1, :500] = 0.25  # a flat stretch: dirty blocks / the row pass re-read with the penalty
+    for L in (1, 256):
         ids = torch.randint(0, V, (B, L), generator=gen)
         ids[0, :: 5] = ids[0, 0]  # repeats
         ids[1, -1] = -1  # padding
@@ -49,7 +49,7 @@ def test_direct_history_matches_bucketed(monkeypatch):
             ids[0, 1] = V + 40  # past the vocabulary (check=False): touches nothing
         for kw in (dict(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05),
                    dict(temperature=0.0, repetition_penalty=1.3),
-                   dict(temperature=1.0, top_k=1200, repetition_penalty=torch.tensor([1.2, 0.8]))):
+                   dict(temperature=1.0, top_k=900, repetition_penalty=torch.tensor([1.2, 0.8]))):
             kw = dict(kw, input_ids=ids, seed=torch.tensor([5, 6]), tile=64, cand=4)
             hist.n = 0
             direct = ks.fused_sample(x, **kw)
@@ -76,7 +76,7 @@ def test_one_gather_for_both_hand_overs(monkeypatch):
     gather = _Count(ks._gather_kernel)
     monkeypatch.setattr(ks, "_gather_kernel", gather)
     gen = torch.Generator().manual_seed(8)
-    V, B = 2048, 5
+    V, B = 1024, 5
     x = torch.rand(B, V, generator=gen) * 0.5  # flat rows: big nuclei, min-p keeps many
     kw = dict(temperature=torch.tensor([0.0, 1.0, 1.0, 0.7, 1.0]),
               top_k=torch.tensor([0, 0, 0, 50, 0]),
