@@ -62,11 +62,14 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, TOPN_KB=0,
-                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, KEEP_LIST=False, **GEOM)
+                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, KEEP_LIST=False, HDIRECT=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
-    # as the launcher: the second read when a row can have min-p and no top-k / top-p
+    # as the launcher: the second read when a row can have min-p and no top-k / top-p (the
+    # band gather runs it only where a variant says so: SECOND=True)
+    if kernel == "band_gather":
+        consts.setdefault("SECOND", False)
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     # as the launcher: the band read when a row can have top-p without top-k
     consts.setdefault("BANDS", consts["HAS_TOPP"] and (consts["TOPK_T"] or not consts["HAS_TOPK"])
@@ -122,6 +125,12 @@ VARIANTS = {
     "history": ("history", dict(num_warps=8)),
     "history:long": ("history", dict(L_BLOCK=1024, num_warps=8)),  # L > 2048
     "stats:rep": ("stats", dict(num_warps=4, maxnreg=64)),
+    # temperature alone (T 1.0): the pure draw loop and the candidates' loop
+    "stats:pure": ("stats", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False, num_warps=4,
+                                 maxnreg=64)),
+    # no history launch (sampling._direct_history): the blocks histogram the row's ids (L <= 256)
+    "stats:rep direct": ("stats", dict(HDIRECT=True, E_BLOCK=256, num_warps=4, maxnreg=64)),
+    "merge:topk+topp+rep direct": ("merge", dict(HDIRECT=True, E_BLOCK=256, maxnreg=192)),
     "stats:per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, num_warps=4, maxnreg=72)),
     # a request's token mask and logit bias, applied by the loader of every logits read
     "stats:mask+bias": ("stats", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, num_warps=4,
@@ -152,6 +161,13 @@ VARIANTS = {
                                               maxnreg=64)),
     "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4,
                                         maxnreg=72)),
+    # both hand-overs in one launch: the band gather runs the second read's gather too
+    "band_gather:per-row+minp+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
+                                                            HAS_REP=False, SECOND=True,
+                                                            num_warps=4, maxnreg=72)),
+    "band_gather:per-row+minp+pf+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
+                                                               HAS_PF=True, SECOND=True,
+                                                               num_warps=4, maxnreg=72)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
                                         SB=512, SB2=256, NPIV2=16, maxnreg=128)),
     # top-N logprobs from the one read (kernels/topn.py): raw (64 windowed candidates a

@@ -47,6 +47,7 @@ import triton.language as tl
 from .common import (BAND_S, NBIN, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
                      _pivot_update, _pivots, _row_key, _row_scale)
 from .merge import B_FMAX, B_M, B_Z, BAND_ROW, NBF, _row_mz, _row_pass
+from .second import _gather_program
 from .stats import F_LO, NF
 
 # the plan's int32 per row [B, NBI]: band found, its row bins [Ja, Jc], its token count
@@ -206,17 +207,30 @@ def _band_gather_kernel(
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
     tok_ptr, bf_ptr, bi_ptr, ft_ptr, boff_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr,
+    rf_ptr, qf_ptr, qi_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    SECOND: tl.constexpr = False,
 ):
     """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a band
     row whose plan succeeded: reads each of those blocks once (V s bytes per row in all, + its
     history edits), writes 7 words per block and 8 bytes per band token; other rows read only
-    their token (and the plan's flag)."""
+    their token (and the plan's flag). With SECOND (a launch that also has the second read,
+    kernels/second.py) it is that read's gather too: rows the merge handed over there (token
+    -2) run second._gather_program here, the same code at the same geometry, one launch fewer
+    (rf, qf, qi: its plan and block partials; dummies otherwise)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
+    if SECOND:
+        _gather_program(row, c, logits_ptr, stride_lb, V, NT, TPC, edits_ptr, stride_eb, bnd_ptr,
+                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                        rf_ptr, tok_ptr, tok_ptr, qf_ptr, qi_ptr, logits_ptr, 0, logits_ptr,
+                        0.0, logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
+                        OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                        False, False, False, False, 0, 1)
     if tl.load(tok_ptr + row) == BAND_ROW:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
             T, rep, pres, freq, tdiv = _row_scale(

@@ -261,7 +261,22 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         for h in range(tl.load(head + 1 + t), tl.load(head + 2 + t)):
             hit = lane == tl.load(xrow_ptr + h) - start.to(tl.int32)
             xp = tl.where(hit, xp + tl.load(xrow_ptr + h + nb).to(tl.float32, bitcast=True), xp)
-    if HAS_REP or HAS_PF:
+    if HAS_REP and (not brow_ptr.dtype.is_ptr()):
+        # the unbucketed history (sampling._direct_history: a launch whose stage 1 runs one
+        # block a program, repetition penalty only, L <= E_BLOCK <= 256, no history launch):
+        # erow_ptr is the row's own contiguous ids and brow_ptr their number L. The block
+        # histograms the ids that fall in it, the same set as its bucketed slice
+        # (0 <= id - start < TILE), so the same seen > 0 and the same xp (stage 1, and the
+        # merge's rare re-reads: that merge compiles at the 192-register cap, 16 bytes spilled
+        # at 128; one id at a time there was a latency-bound loop, 125 us modelled on a
+        # confident row's dirty block)
+        tl.static_assert(not HAS_PF)
+        hoffs = tl.arange(0, E_BLOCK)
+        ids = tl.load(erow_ptr + hoffs, mask=hoffs < brow_ptr, other=-1)
+        hin = (ids >= start) & (ids < start + TILE)
+        seen = tl.histogram(tl.where(hin, ids - start, 0).to(tl.int32), TILE, mask=hin)
+        xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
+    elif HAS_REP or HAS_PF:
         e0 = tl.load(brow_ptr + t)
         e1 = tl.load(brow_ptr + NT + t)
         seen = tl.zeros([TILE], dtype=tl.int32)

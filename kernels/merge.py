@@ -350,6 +350,7 @@ def _merge_kernel(
     PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr = False,
+    HDIRECT: tl.constexpr = False,
 ):
     """Reads 8 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
@@ -370,6 +371,8 @@ def _merge_kernel(
     arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
+    if HDIRECT:  # no bucketed history: the row's ids and L (as stage 1, kernels/stats.py)
+        brow = (row * 0 + stride_eb).to(tl.int32)
     xrow = x_ptr + row * stride_xb
     wfrow = wf_ptr + row * NF * NT
     wirow = wi_ptr + row * NI * NT

@@ -1,9 +1,10 @@
 """Launcher of the sampling kernels: penalties, temperature, top-k, top-p, min-p and the draw.
 
-A call is two launches over the [B, V] logits (three with penalties, two more when a row can
-have min-p and no top-k / top-p, three more when a row can have top-p without top-k, one more
-for the distribution), with a static workspace per
-(B, V, L):
+A call is two launches over the [B, V] logits (three with penalties, except a repetition
+penalty over a short history at a small batch: _direct_history; two more when a row can have
+min-p and no top-k / top-p, three more when a row can have top-p without top-k, one fewer when
+both and the batch is small: _Call.fuse; one more for the distribution), with a static
+workspace per (B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
     kernels/stats.py    _stats_kernel           grid (B, C)   the one read: block partials + candidates
@@ -65,7 +66,10 @@ MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 r
 # With the row state of processed top-N logprobs the merge spills 16-20 bytes under 128 (and
 # 136) registers, none at 168-178: one program per SM, the same as B <= 132 rows run anyway.
 MERGE_REGS_STATE = 192
+# So does the merge of a call without the history launch (_direct_history: 16 bytes at 128),
+# which has at most SMS rows (B <= 8 at V = 128256): its programs never share an SM.
 MIN_CAPACITY = 4096        # candidate slots per row at least (spread as KT per block)
+HDIRECT_MAX = 256          # the longest history a stage-1 block histograms itself (_direct_history)
 
 
 def _alloc(shape, dtype, device):
@@ -153,6 +157,9 @@ class _Call:
     num_warps: int
     top: "_Top"             # top-N logprobs (kernels/topn.py), kb = 0 when off
     regs: int               # stage 1's register cap (_stage1_budget)
+    fuse: bool = False      # one gather launch for the second read and the band read: a call
+                            # with both whose gather fits one wave at 72 registers (B <= 7 at
+                            # V = 128256, from the planned batch)
 
     def flags(self, *names):
         """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
@@ -273,11 +280,30 @@ def _params(values, dummy):
     return out
 
 
-def _history(logits, input_ids, p, g, needed):
+def _direct_history(input_ids, g, has_rep, has_pf, other):
+    """Can the call skip the history launch (HDIRECT)? Where stage 1 runs one block a program
+    (TPC 1, at most SMS rows: B <= 8 at V = 128256, one wave of latency-bound programs), a block
+    histograms the row's ids itself for less than the launch costs (3 us eager); repetition
+    penalty only (presence / frequency need the prompt / output split), L <= HDIRECT_MAX,
+    contiguous ids (the row stride is L), and only stats + merge launches (no second read, band
+    read, distribution, residual or contrastive scores: their kernels take the bucketed list).
+    Decided from shapes and Python scalars: the result is the same either way."""
+    if not has_rep or has_pf or other:
+        return False
+    L = input_ids.shape[1]
+    return (g["TPC"] == 1 and input_ids.shape[0] <= SMS and L <= HDIRECT_MAX
+            and input_ids.stride(1) == 1 and (input_ids.stride(0) == L or input_ids.shape[0] == 1))
+
+
+def _history(logits, input_ids, p, g, needed, direct=False):
     """(edits, stride_eb, bnd, E_BLOCK): the history bucketed by vocabulary block (one small
-    launch), or dummies when no penalty reads it."""
+    launch), the row's own ids with ``direct`` (stride_eb = L, no launch), or dummies when no
+    penalty reads it."""
     if not needed:
         return logits, 0, logits, 32
+    if direct:
+        L = input_ids.shape[1]
+        return input_ids, L, logits, max(32, next_pow2(L))
     B, NT, dev = logits.shape[0], g["NT"], logits.device
     ids = input_ids if input_ids.stride(1) == 1 else input_ids.contiguous()
     L = ids.shape[1]
@@ -335,27 +361,44 @@ def _launch_merge(c, work, out, write_probs, npiv, max_rounds, keep_list=False):
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
         KEEP_LIST=keep_list, num_warps=warps, R=min(g["TILE"], 32 * warps),
-        **_regs(MERGE_REGS_STATE if c.top.state else MERGE_REGS), **c.const)
+        **_regs(MERGE_REGS_STATE if c.top.state or "HDIRECT" in c.const else MERGE_REGS),
+        **c.const)
+
+
+def _second_work(c):
+    """The second read's block partials (float32 [B, NQ, NT], int32 [B, NQI, NT])."""
+    B, NT, dev = c.logits.shape[0], c.g["NT"], c.logits.device
+    return (_workspace((B, NQ.value, NT), torch.float32, dev),
+            _workspace((B, NQI.value, NT), torch.int32, dev))
 
 
 def _launch_second(c, rf, tok, logp, sf, write_probs):
     """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,)."""
     g, L = c.g, c.logits
-    B, dev = L.shape[0], L.device
-    qf = _workspace((B, NQ.value, g["NT"]), torch.float32, dev)
-    qi = _workspace((B, NQI.value, g["NT"]), torch.int32, dev)
+    B = L.shape[0]
+    qf, qi = _second_work(c)
     _gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), rf, tok, sf, qf, qi,
         *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
-    _finish_kernel[(B,)](
+    _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs)
+
+
+def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
+    """The second read's finish (kernels/second.py), grid (B,)."""
+    g = c.g
+    _finish_kernel[(c.logits.shape[0],)](
         g["NT"], rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
         WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4)
 
 
-def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
-    """The band read (kernels/band.py): plan (B,), gather (B, C), finish (B,)."""
+def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds, second=None):
+    """The band read (kernels/band.py): plan (B,), gather (B, C), finish (B,). With ``second``
+    = (rf, sf, write_probs) the gather also runs the second read's gather (SECOND: its rows
+    are the merge's token -2 rows, disjoint from the band's -3 ones, and neither launch writes
+    what the other reads) and the second read's finish runs before the band's: 5 launches after
+    the merge become 4."""
     g, L = c.g, c.logits
     B, NT, dev = L.shape[0], g["NT"], L.device
     cap = NT * g["KT"]  # the merge's list workspaces, free once it is done, hold the band
@@ -364,14 +407,19 @@ def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
     gf = _workspace((B, NG.value, NT), torch.float32, dev)
     gi = _workspace((B, NT), torch.int32, dev)
     sx = _workspace((B, cap), torch.float32, dev)  # the finish's shrunk search list
+    sq = (second[0], *_second_work(c)) if second else (L, L, L)  # the second read's rf, qf, qi
     _band_plan_kernel[(B,)](NT, cap, tok, *c.p["topp"].pair(), bf, bi, hb, ft, boff, wf,
                             **c.flags("topp"), NT_P2=g["NT_P2"], TB=16, OB=64, GROW=16,
                             num_warps=8)
     _band_gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
-        gf, gi, *xs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        num_warps=c.num_warps, **_gather_regs(c), **_band_const(c))
+        gf, gi, *xs, *sq,
+        **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        num_warps=c.num_warps, SECOND=second is not None, **_gather_regs(c, second),
+        **_band_const(c))
+    if second:
+        _finish_second(c, *sq, tok, logp, second[1], second[2])
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
     # pivot partials, the later rounds over the survivors [256, 16] (22.8 against 23.2 us)
     warps = 8 if g["TILE"] >= 1024 else 4
@@ -384,13 +432,14 @@ def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds):
         **_band_const(c))
 
 
-def _gather_regs(c):
+def _gather_regs(c, second=None):
     """The band gather's register cap: 64 (8 programs per SM, as stage 1; B = 64 runs one
-    wave) where that spills nothing, 72 with presence / frequency penalties, none with a mask or
-    a bias (a cap spills there: kernels/README.md)."""
+    wave) where that spills nothing, 72 with presence / frequency penalties or with the second
+    read's gather in the same launch (64 spilled 4 bytes there), none with a mask or a bias (a
+    cap spills there: kernels/README.md)."""
     if c.const["HAS_MASK"] or c.const["HAS_BIAS"]:
         return {}
-    return _regs(72 if c.const["HAS_PF"] else 64)
+    return _regs(72 if c.const["HAS_PF"] or second else 64)
 
 
 def _band_const(c):
@@ -514,14 +563,18 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
     p = _params((prompt_lens if prompt_lens is not None else 0, v["temperature"], v["top_k"],
                  v["top_p"], v["min_p"], v["repetition_penalty"], v["presence_penalty"],
                  v["frequency_penalty"], seed, offset), logits)
-    *hist, e_block = _history(logits, input_ids, p, g, has_rep or has_pf)
+    direct = _direct_history(input_ids, g, has_rep, has_pf,
+                             second or bands or write_probs or amateur_logits is not None)
+    *hist, e_block = _history(logits, input_ids, p, g, has_rep or has_pf, direct)
     hist += _edits(logits, *edits, g)
     const = dict(TEMP_T=p["temp"].t, REP_T=p["rep"].t, PRES_T=p["pres"].t, FREQ_T=p["freq"].t,
                  HAS_REP=has_rep, HAS_PF=has_pf, HAS_MASK=edits[0] is not None,
-                 HAS_BIAS=edits[1] is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const)
+                 HAS_BIAS=edits[1] is not None, TILE=g["TILE"], E_BLOCK=e_block, **cd_const,
+                 **({"HDIRECT": True} if direct else {}))
     # stage 1: small programs, 8 resident per SM at <= 64 registers
     return _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands,
-                 wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs)
+                 wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs,
+                 second and bands and (plan_batch or B) * g["C"] <= STATS_SLOTS_PF)
 
 
 def _stage1_budget(top_n, reuse, per_row, wide):
@@ -558,10 +611,14 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
     _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds,
                   residual is not None)
-    if c.second:
-        _launch_second(c, rf, tok, logp, sf, write_probs)
-    if c.bands:
-        _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
+    if c.fuse:  # both hand-overs: one gather launch reads both kinds of rows (kernels/band.py)
+        _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds,
+                     second=(rf, sf, write_probs))
+    else:
+        if c.second:
+            _launch_second(c, rf, tok, logp, sf, write_probs)
+        if c.bands:
+            _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
     if residual is not None:
         return _launch_residual(c, sf, si, xs, *residual)
     if write_probs:

@@ -92,8 +92,34 @@ def _gather_kernel(
     the merge handed over (mode > 0): reads each of those blocks once (V * s bytes per row in
     all, + V * s_a with CD, + its history edits) and writes 4 words per block; other rows read
     only the merge's token (or Z_f)."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
+    _gather_program(tl.program_id(0).to(tl.int64), tl.program_id(1),
+                    logits_ptr, stride_lb, V, NT, TPC, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+                    stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
+                    freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr, tok_ptr,
+                    sf_ptr, qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+                    TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
+                    HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD, WRITE_PROBS,
+                    S_ZF, NS)
+
+
+@triton.jit
+def _gather_program(
+    row, c, logits_ptr, stride_lb, V, NT, TPC,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s,
+    rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
+    S_ZF: tl.constexpr, NS: tl.constexpr,
+):
+    """Program (row, c) of _gather_kernel; also run by kernels/band.py's gather when a launch
+    has both hand-overs (one launch for both second reads, sampling._launch_band)."""
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,

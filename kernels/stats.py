@@ -7,7 +7,7 @@ workspace does not depend on the chunk count C (the merge then reduces blocks in
 Per block t, with x = fl(xp / T) (finite = not NaN, not +-inf):
     m_t, z_t      max finite x and sum exp(x - m_t)           (online softmax partials)
     lo_t          min finite x                                 (bracket for the fallback search)
-    nfin, n+inf, nnan   counts of x
+    nfin, n+inf, nnan   counts of x (a pure-temperature row's nfin: 1 if any x is finite)
     candidates    the block's top finite values (xp, and the token id, in one int64 slot), at
                   most KT of them: the values in the widest window {fl(vm - xp) <= D0 2^j}
                   (j < NWIN - 1, D0 = 2^D0_EXP; the last window is every finite value) that
@@ -144,7 +144,10 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     if DRAW:
         # a pure row's blocks store their draw partial, no candidates
         _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE)
-        nfin = tl.sum(hmask.to(tl.int32), axis=0)
+        # the merge needs of a pure row's count only whether it is 0 (no finite x: the max
+        # xp pass) and k < count (never for a pure row, k <= 0 or k >= V > NT): 1 for a block
+        # with a finite x (m is the max finite x, also after the redo), no count reduction
+        nfin = (m > float("-inf")).to(tl.int32)
         nkeep = nfin * 0
         g = m
     else:
@@ -263,7 +266,7 @@ def _stats_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
-    TOPN_REUSE: tl.constexpr,
+    TOPN_REUSE: tl.constexpr, HDIRECT: tl.constexpr = False,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -280,6 +283,10 @@ def _stats_kernel(
     arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
     brow = bnd_ptr + row * 2 * NT
+    if HDIRECT:
+        # no bucketed history: edits_ptr is the [B, L] ids (stride_eb = L), and the blocks
+        # take L where the bounds were (kernels/common.py _penalised_tile)
+        brow = (row * 0 + stride_eb).to(tl.int32)
     xrow = x_ptr + row * stride_xb
     wfrow = wf_ptr + row * NF * NT
     wirow = wi_ptr + row * NI * NT

@@ -1,0 +1,94 @@
+"""Launches skipped or shared (kernels/sampling.py ``_direct_history``, ``_Call.fuse``) under the
+interpreter: the same tokens and logprobs, bit for bit, as the launches they replace."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+
+def _ks():
+    from gpu_sampler.kernels import sampling
+    return sampling
+
+
+class _Count:
+    """A kernel wrapper that counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.n = kernel, 0
+
+    def __getitem__(self, grid):
+        self.n += 1
+        return self.kernel[grid]
+
+
+def _same(a, b):
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (a, b)
+
+
+def test_direct_history_matches_bucketed(monkeypatch):
+    """Stage 1 at one block a program (64-token blocks, 2 rows) with a repetition penalty and a
+    short history skips the history launch; the same call planned for many rows (several
+    blocks a program) buckets it: bit-identical, with padding, out-of-range and repeated ids,
+    a per-row penalty, greedy rows and rows whose nucleus takes the merge's own re-reads."""
+    ks = _ks()
+    hist = _Count(ks._bucket_history_kernel)
+    monkeypatch.setattr(ks, "_bucket_history_kernel", hist)
+    gen = torch.Generator().manual_seed(3)
+    V, B = 1000, 2
+    x = torch.randn(B, V, generator=gen) * 2
+    x[1, :500] = 0.25  # a flat stretch: dirty blocks / the row pass re-read with the penalty
+    for L in (1, 256):
+        ids = torch.randint(0, V, (B, L), generator=gen)
+        ids[0, :: 5] = ids[0, 0]  # repeats
+        ids[1, -1] = -1  # padding
+        if L > 2:
+            ids[0, 1] = V + 40  # past the vocabulary (check=False): touches nothing
+        for kw in (dict(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05),
+                   dict(temperature=0.0, repetition_penalty=1.3),
+                   dict(temperature=1.0, top_k=900, repetition_penalty=torch.tensor([1.2, 0.8]))):
+            kw = dict(kw, input_ids=ids, seed=torch.tensor([5, 6]), tile=64, cand=4)
+            hist.n = 0
+            direct = ks.fused_sample(x, **kw)
+            assert hist.n == 0, "one block a program: no history launch"
+            bucketed = ks.fused_sample(x, plan_batch=4096, **kw)
+            assert hist.n == 1
+            _same(direct, bucketed)
+    # a longer history, presence penalties or non-contiguous rows keep the history launch
+    ids = torch.randint(0, V, (B, 300), generator=gen)
+    for kw in (dict(input_ids=ids, repetition_penalty=1.2),
+               dict(input_ids=ids[:, :40], repetition_penalty=1.2),
+               dict(input_ids=ids[:, :40].contiguous(), presence_penalty=0.5)):
+        hist.n = 0
+        ks.fused_sample(x, temperature=0.8, top_k=10, tile=64, **kw)
+        assert hist.n == 1
+
+
+def test_one_gather_for_both_hand_overs(monkeypatch):
+    """A per-row batch with min-p-alone rows (the second read) and top-p rows whose nucleus
+    outgrows the candidates (the band read): at a small batch one gather launch serves both
+    (no _gather_kernel launch), planned for many rows they keep their own launches; the same
+    tokens and logprobs either way."""
+    ks = _ks()
+    gather = _Count(ks._gather_kernel)
+    monkeypatch.setattr(ks, "_gather_kernel", gather)
+    gen = torch.Generator().manual_seed(8)
+    V, B = 1024, 5
+    x = torch.rand(B, V, generator=gen) * 0.5  # flat rows: big nuclei, min-p keeps many
+    kw = dict(temperature=torch.tensor([0.0, 1.0, 1.0, 0.7, 1.0]),
+              top_k=torch.tensor([0, 0, 0, 50, 0]),
+              top_p=torch.tensor([1.0, 1.0, 0.95, 1.0, 1.0]),
+              min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05]),
+              seed=torch.arange(B) + 1, offset=2, tile=64, cand=8)
+    fused = ks.fused_sample(x, **kw)
+    assert gather.n == 0
+    apart = ks.fused_sample(x, plan_batch=4096, **kw)
+    assert gather.n == 1
+    _same(fused, apart)
+    from gpu_sampler import reference
+    kw = {k: v for k, v in kw.items() if k not in ("tile", "cand")}
+    want = reference.sample_reference(x, **kw)
+    assert torch.equal(fused[0], want[0])
