@@ -8,6 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 # a new minor release renames arguments (5.24: past_key_values -> cache), so CI on a clean
 # clone tests the version the code was checked against. Override: make test HF_SPEC=transformers
 HF_SPEC ?= transformers==5.24.0
+# Test processes (pytest-xdist, one file a process at a time): the suite is mostly the Triton
+# interpreter, one core each; 2 is the CI machine's core count.
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gpu-sampler-installed
 
@@ -22,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: $(STAMP)
 	$(BIN)/gpu-sampler demo
