@@ -113,6 +113,22 @@ def _assert_same_step_rows(a, b):
         left.remove(hit)
 
 
+def test_step_rows_compare_up_to_a_permutation_only():
+    g = torch.Generator().manual_seed(_seed())
+    a = torch.randn(6, 50, generator=g)
+    a[:, 7] = float("-inf")
+    _assert_same_step_rows(a, a[[2, 0, 1, 3, 5, 4]])  # tied beams in other slots
+    off = a.clone()
+    off[3, 11] += 1e-3  # one value off
+    for bad in (off, a[[0, 0, 1, 2, 3, 4]]):  # ... or one beam twice, another missing
+        with pytest.raises(AssertionError):
+            _assert_same_step_rows(bad, a)
+    b = a.clone()
+    b[1, 7] = 0.0  # a masked entry unmasked
+    with pytest.raises(AssertionError):
+        _assert_same_step_rows(b, a)
+
+
 def _assert_same_output(out, ref):
     assert torch.equal(out.sequences, ref.sequences)
     torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, atol=1e-4, rtol=1e-5)
