@@ -21,7 +21,13 @@ T 0.7 k 50, T 1.0 min-p 0.05, repeated; run it with ``--rows 5`` so every kind o
     python ../shared/tools/gpu_model.py --project . --callable bench.model_call:sample_plan \\
         --rows 5 --case '64,128256,0,{"plan_batch": 64, "mixed": true, "seed": 1}'
 """
+import os
+
 from gpu_sampler.kernels.sampling import fused_sample
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the probe's trace: kernels/interpreter.py
+    from gpu_sampler.kernels.interpreter import skip_repeated_language_patching
+    skip_repeated_language_patching()
 
 
 def sample_plan(logits, input_ids=None, plan_batch=None, row_kind=None, mixed=False,

@@ -101,6 +101,9 @@ class Counter:
 
 
 def load_kernels(path):
+    # the current checkout's shortcut through Triton's interpreter (global, whichever kernels)
+    from gpu_sampler.kernels.interpreter import skip_repeated_language_patching
+    skip_repeated_language_patching()
     if path is None:
         return importlib.import_module("gpu_sampler.kernels")
     parent, name = os.path.split(os.path.abspath(path))

@@ -58,54 +58,9 @@ def triton_runs_here():
 BACKENDS = ["torch"] + (["triton"] if triton_runs_here() else [])
 
 
-def _skip_repeated_language_patching():
-    """Triton's interpreter patches triton.language for a launch (inspect.getmembers over tl,
-    tl.tensor and tl.math, ~0.5 ms) and restores it when the grid ends, but it patches again
-    on every call of a @triton.jit helper made inside the kernel (InterpretedFunction.__call__),
-    where nothing is left to patch: a third of the kernel tests' time (the hash, the bin rule
-    and the pivots are helpers called per block). Such a call now skips the repeat when the
-    language its module sees is already patched; any other call takes Triton's own path. The
-    numpy dtype of a Triton dtype is looked up in a memo."""
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter as ti
-        cls, core, own_call = ti.InterpretedFunction, tl.core, ti.InterpretedFunction.__call__
-        error, own_dtype = ti.InterpreterError, ti._get_np_dtype
-    except (ImportError, AttributeError):  # another Triton: its own interpreter as it is
-        return
-    langs = {}
-
-    def patched(lang):
-        return not core.is_builtin(getattr(lang, "where", None))
-
-    def call(self, *args, **kwargs):
-        seen = langs.get(self.fn)
-        if seen is None:
-            seen = langs[self.fn] = [v for v in self.fn.__globals__.values()
-                                     if v is tl or v is core]
-        if not seen or not all(patched(lang) for lang in seen):
-            return own_call(self, *args, **kwargs)
-        fn = self.rewrite()
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            raise error(repr(e)) from e
-
-    cls.__call__ = call
-    dtypes = {}
-
-    def np_dtype(tt_dtype):
-        # Triton rebuilds a 20-entry dict on each of these lookups (hundreds of thousands a test)
-        try:
-            return dtypes[tt_dtype]
-        except KeyError:
-            got = dtypes[tt_dtype] = own_dtype(tt_dtype)
-            return got
-        except TypeError:
-            return own_dtype(tt_dtype)
-
-    ti._get_np_dtype = np_dtype
-
-
 if os.environ.get("TRITON_INTERPRET") == "1":
-    _skip_repeated_language_patching()
+    try:  # kernels/interpreter.py: Triton's interpreter without its per-helper re-patching
+        from gpu_sampler.kernels.interpreter import skip_repeated_language_patching
+        skip_repeated_language_patching()
+    except ImportError:  # no triton: the torch backend only
+        pass
