@@ -541,6 +541,13 @@ def _merge_kernel(
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
+        if HAS_MINP:
+            # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
+            # (the draw tests e^(x - M) >= min_p itself), and few dirty blocks are re-read
+            # here rather than the row handed to the second read. The slack exceeds the
+            # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
+            mlb = (M + tl.log(minp)) - (0.0625 + tl.abs(M) * 1e-6)
+            LB = tl.where((~k_act) & (~p_act) & (minp > 0.0), mlb, LB)
         # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a bin-i
         # candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
         # compaction (a third of this program on flat rows; the band read takes the row)

@@ -304,6 +304,40 @@ def test_min_p_second_read_is_parallel(monkeypatch):
     assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
 
 
+def test_min_p_few_dirty_blocks_are_reread_in_the_merge(monkeypatch):
+    """Min-p alone whose kept set (x >= M + ln min_p) crowds one or two blocks past their
+    candidate slots: the merge lists only candidates above the cut, re-reads those blocks
+    (not the row) and draws exactly; no second read. Tie groups at the cut, per-row min-p and
+    T, and the same tokens on a sub-batch at 3 chunks."""
+    g = torch.Generator().manual_seed(59)
+    V = 1031
+    x = torch.randn(4, V, generator=g) - 12.0
+    x[0, 200:230] = 0.0                                  # 30 tied tokens in one block
+    x[1, 70:90] = torch.linspace(-2.0, 0.0, 20)          # one block, graded
+    x[1, 900:905] = -2.0
+    x[2, 10:40] = 0.0                                    # two blocks ...
+    x[2, 600:620] = -3.0 * 0.7 + 1e-3                    # ... the second just above the cut
+    x[3, 500:520] = 0.0                                  # min-p 1: only the tied maxima
+    kw = dict(temperature=torch.tensor([1.0, 1.0, 0.7, 1.0]),
+              min_p=torch.tensor([0.05, 0.1, float(torch.exp(torch.tensor(-3.0))), 1.0]),
+              seed=torch.arange(4) + 11, offset=torch.tensor([3, 4, 5, 6]))
+    reads = KernelReads(x, monkeypatch)
+    tok, lp = _run(x, tile=64, cand=4, **kw)
+    assert reads.bytes.get("_gather_kernel", 0) == 0  # no row handed to the second read
+    assert reads.bytes["_merge_kernel"] == 7 * 64 * 4  # the dirty blocks only: 1 + 2 + 2 + 2
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+    r = torch.tensor([2, 0])
+    tok_s, lp_s = _run(x[r], tile=64, cand=4, chunks=3, **{k: v[r] for k, v in kw.items()})
+    assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+    many = x[:1].expand(64, V).contiguous()  # the 30 tied tokens, each drawn
+    mk = dict(temperature=1.0, min_p=0.05, seed=5, offset=torch.arange(64))
+    got, _ = _run(many, tile=64, cand=4, **mk)
+    assert torch.equal(got, _twin_tokens(many, **mk)[0])
+    assert set(got.tolist()) <= set(range(200, 230)) and len(set(got.tolist())) > 15
+
+
 def test_min_p_second_read_distribution_and_bf16():
     """The distribution of handed-over rows (Z_f from the second read) is HF's; bf16 logits
     with many offsets draw the twin's tokens."""
