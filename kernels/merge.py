@@ -123,21 +123,33 @@ def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1, z_f, best, bidx,
     return z_f, best, bidx, bx
 
 
+# _prune_bound's slack in units of x past a bin's lower edge: (M - x) * INV_W rounds by at most
+# 2^-23 of itself (< 2^-18 here), and the fp32 sums of up to ~10^4 masses compared (the bound's
+# and the list's) by ~2^-11 each; an LB too high costs only a fallback (below), never a token
+BIN_SLACK = tl.constexpr(2.0 ** -9)
+
+
 @triton.jit
 def _prune_bound(hist, M, k, target, k_act, p_act, NB: tl.constexpr, INV_W: tl.constexpr):
-    """A value LB <= the final threshold, from a count histogram of the candidates over bins
-    (M - x) * INV_W in [i, i + 1). Bin i's values are >= M - (i + 1) / INV_W (up to rounding,
-    hence one bin of slack), so W(M - (j + 2) / INV_W) >= sum_{i <= j} count_i (top-k) and
-    >= sum_{i <= j} count_i exp(-(i + 2) / INV_W) (mass, top-p): the first bin j where that
-    reaches the target gives LB. Candidates are a subset of the row, so both are lower bounds
-    of the row's W; the last bin is open-ended (no bound)."""
+    """A value LB, almost surely <= the final threshold, from a count histogram of the
+    candidates over bins (M - x) * INV_W in [i, i + 1). Bin i's values are >= its lower edge
+    M - (i + 1) / INV_W (less BIN_SLACK for rounding), so W(edge_j) >= sum_{i <= j} count_i
+    (top-k) and >= sum_{i <= j} count_i exp(-(i + 1) / INV_W) (mass, top-p), where the row's
+    max counts its exact mass 1 (a bin-0 candidate of every row the candidates can finish:
+    else its block stored nothing and G = M): the first bin j where
+    that reaches the target gives LB. Candidates are a subset of the row, so both are lower
+    bounds of the row's W; the last bin is open-ended (no bound). The merge never relies on
+    LB <= tau for a token: a list whose mass is below the target is not exact (v2's bound,
+    two bins below, left a 1,600-entry list on N(0, 5^2) rows whose nucleus is 40 tokens, and
+    no bound at all where the max alone holds ~p of the mass)."""
     i = tl.arange(0, NB)
     jk = tl.sum((tl.cumsum(hist, 0) < k).to(tl.int32), axis=0)
-    wl = hist.to(tl.float32) * tl.exp(-(i + 2).to(tl.float32) / INV_W)
+    e = tl.exp(-((i + 1).to(tl.float32) / INV_W + BIN_SLACK))
+    wl = hist.to(tl.float32) * e + tl.where((i == 0) & (hist > 0), 1.0 - e, 0.0)
     jp = tl.sum((tl.cumsum(wl, 0) < target).to(tl.int32), axis=0)
     j = tl.where(k_act, jk, jp)
     ok = (k_act | p_act) & (j < NB - 1)
-    return tl.where(ok, M - (j + 2).to(tl.float32) / INV_W, float("-inf"))
+    return tl.where(ok, M - ((j + 1).to(tl.float32) / INV_W + BIN_SLACK), float("-inf"))
 
 
 @triton.jit
@@ -622,9 +634,10 @@ def _merge_kernel(
             lo = tl.where(k_act, tau, cmin)
             lo_mass = tl.where(k_act, zk, cmass)
             target = p * zk
-            # a list holding less than the target (and not every token) cannot give an exact
-            # tau: skip the search (its rounds were half the merge of a flat top-p row)
-            exact = exact & ((lo_mass >= target) | complete)
+            # a list holding less than the target cannot give an exact tau (also where LB was
+            # too high): skip the search (its rounds were half the merge of a flat top-p row).
+            # Only a list of every token (p within rounding of 1) may fall short of it.
+            exact = exact & ((lo_mass >= target) | (complete & (LB == float("-inf"))))
             if exact:
                 tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
                                        False, LB_BLOCK, NPIV, MAX_ROUNDS)

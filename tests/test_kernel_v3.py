@@ -1,6 +1,8 @@
 """Kernel v3 under the interpreter: pure temperature in one read (stage 1's per-block draw
 partials), its proof and its fallback, Gumbel noise of +inf, and per-row mixes; tokens equal to
 the torch twin's, logprobs close, the same at any chunk count, reads counted."""
+import math
+
 import pytest
 import torch
 
@@ -13,12 +15,25 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
 if "triton" in BACKENDS:
     import triton
     import triton.language as tl
-    from gpu_sampler.kernels import common
+    from gpu_sampler.kernels import common, merge
 
     @triton.jit
     def _fast_gumbel_kernel(u_ptr, f_ptr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         tl.store(f_ptr + offs, common._gumbel_of_fast(tl.load(u_ptr + offs)))
+
+    @triton.jit
+    def _prune_bound_kernel(h_ptr, m_ptr, t_ptr, lb_ptr, NB: tl.constexpr):
+        r = tl.program_id(0)
+        h = tl.load(h_ptr + r * NB + tl.arange(0, NB))
+        top_p = r >= 0
+        lb = merge._prune_bound(h, tl.load(m_ptr + r), 0, tl.load(t_ptr + r), ~top_p, top_p,
+                                NB, 16.0)
+        tl.store(lb_ptr + r, lb)
+
+    @triton.jit
+    def _bound_at_max(hist, M, k, target, k_act, p_act, NB: tl.constexpr, INV_W: tl.constexpr):
+        return M + 0.0 * target  # above tau in every row whose max alone is short of p
 
 
 def _rows(V, g):
@@ -374,3 +389,62 @@ def test_wide_nucleus_on_the_candidates_per_lane_rounds(monkeypatch):
     assert torch.equal(tok, tw_tok)
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
     assert_matches_hf(_run(x, write_probs=True, **kw), x, "wide nucleus", **kw)
+
+
+def _nucleus_floor(x, p):
+    """The smallest kept x of top-p on one fp32 row, in float64."""
+    xs = torch.sort(x.double(), descending=True).values
+    w = torch.cumsum(torch.exp(xs - xs[0]), 0)
+    return float(xs[int((w < p * w[-1]).sum())])
+
+
+def test_list_bound_is_below_tau_and_within_a_bin_of_it():
+    """The merge's list bound for top-p (merge._prune_bound) over the candidates' histogram
+    (here every token of the row): never above the top-p threshold tau, and no lower than
+    the threshold of p e^(1/16 + BIN_SLACK) less one bin (each bin's mass is under-counted by
+    at most that factor); finite where the max alone holds nearly p of the mass (the bound
+    two bins below gave -inf there, and a list of the whole row)."""
+    from bench.rows import row_logits
+    V, NB, W = 128256, 256, 16.0
+    slack = merge.BIN_SLACK.value
+    cases = [(kind, T, p) for kind in ("sigma3", "confident", "powerlaw", "flat")
+             for T, p in ((0.6, 0.9), (1.0, 0.95), (0.8, 0.5))]
+    x = torch.stack([row_logits(kind, 1, V, seed=3)[0] / T for kind, T, _ in cases])
+    M = x.max(dim=1).values
+    d = ((M[:, None] - x) * W).clamp(max=NB - 1).to(torch.int64)
+    hist = torch.zeros(len(cases), NB, dtype=torch.int64).scatter_add_(
+        1, d, torch.ones_like(d)).to(torch.int32)
+    Z = torch.exp(x - M[:, None]).sum(dim=1)
+    target = torch.tensor([p for _, _, p in cases]) * Z
+    lb = torch.empty(len(cases))
+    _prune_bound_kernel[(len(cases),)](hist, M, target, lb, NB=NB)
+    for r, (kind, T, p) in enumerate(cases):
+        tau = _nucleus_floor(x[r], p)
+        assert lb[r] <= tau, (kind, T, p, float(lb[r]), tau)
+        p_hi = p * math.exp(1 / W + slack)
+        if p_hi < 0.999:
+            floor = _nucleus_floor(x[r], p_hi) - 1 / W - slack - 1e-4
+            assert lb[r] >= floor or M[r] - floor > (NB - 2) / W, (kind, T, p, float(lb[r]))
+    conf = [r for r, c in enumerate(cases) if c[:2] == ("confident", 0.6)]
+    assert torch.isfinite(lb[conf]).all() and (M[conf] - lb[conf] < 3.0).all()
+
+
+def test_list_bound_above_tau_never_decides_a_token(monkeypatch):
+    """A list bound above tau (here the row's max) leaves a list whose mass is short of p Z:
+    the row is not exact on the candidates and the band read / row pass draws it, the twin's
+    tokens, also on rows where every token is a candidate (a 'complete' list, which v3
+    searched whatever its mass)."""
+    g = torch.Generator().manual_seed(83)
+    V = 1031
+    x = torch.randn(4, V, generator=g) * 2
+    x[1, 5] = x[1].max() + 1.0                          # the max alone: ~p of the mass
+    x[2, torch.rand(V, generator=g) < 0.9] = float("-inf")  # few finite tokens
+    kw = dict(temperature=torch.tensor([1.0, 0.7, 1.0, 0.6]),
+              top_p=torch.tensor([0.9, 0.95, 0.8, 0.5]),
+              seed=torch.arange(4) + 31, offset=torch.arange(4))
+    monkeypatch.setattr(merge, "_prune_bound", _bound_at_max)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    for cand in (8, 64):  # 64 slots a 64-token block: every token is a candidate
+        tok, lp = _run(x, tile=64, cand=cand, **kw)
+        assert torch.equal(tok, tw_tok), cand
+        torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
