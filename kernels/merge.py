@@ -55,14 +55,15 @@ def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.c
 
 
 @triton.jit
-def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, ncand_t, KT: tl.constexpr,
+def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT: tl.constexpr,
                    CB: tl.constexpr, NT_P2: tl.constexpr):
     """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
-    them, ascending): (candidate mask, x, token ids)."""
+    them, ascending; each entry block * 2^16 + its candidate count): (candidate mask, x, token
+    ids)."""
     lane = b0 + tl.arange(0, CB)
-    blk = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0)
-    ok = (lane < nreach * KT) & (lane % KT < tl.gather(ncand_t, tl.minimum(blk, NT_P2 - 1), 0))
-    slot = (row * NT + blk.to(tl.int64)) * KT + lane % KT
+    e = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0)
+    ok = (lane < nreach * KT) & (lane % KT < (e & 0xFFFF))
+    slot = (row * NT + (e >> 16).to(tl.int64)) * KT + lane % KT
     v = tl.load(cand_ptr + slot, mask=ok, other=EMPTY_SLOT)
     return ok, _cand_x(v) / tdiv, _cand_id(v)
 
@@ -563,11 +564,11 @@ def _merge_kernel(
         # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a bin-i
         # candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
         # compaction (a third of this program on flat rows; the band read takes the row)
-        nslot = NT * KT
+        listed = NT * 0 + 1
         if p_act & (~k_act) & (G > float("-inf")):
             ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
             ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
-            nslot = tl.where(ub < p * Z, 0, nslot)
+            listed = tl.where(ub < p * Z, 0, listed)
         # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
         # candidates (a block whose window overflowed, e.g. one dominant token and a long
         # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
@@ -582,25 +583,25 @@ def _merge_kernel(
         redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
         ncand_t = tl.where(redo & dirty, 0, ncand_t)
         G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
-        vmin = tl.full([CB], float("inf"), tl.float32)
-        vmass = tl.zeros([CB], tl.float32)
-        if use_lbk:
-            # LB is the k-th largest block max: a block whose max is below it holds no
-            # candidate >= LB, and about k of the NT blocks reach it. Visit only those, in block
-            # order (the list is the same); emptied blocks (CD, m_t = -inf) never reach it.
-            reach = tin & (m_t >= LB) & (m_t > float("-inf"))
-            nreach = tl.sum(reach.to(tl.int32), axis=0)
-            order = tl.sort(tl.where(reach, tt, NT_P2 + tt))
-            for b0 in range(0, nreach * KT, CB):
-                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv,
-                                            ncand_t, KT, CB, NT_P2)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
-                                            n_c, vmin, vmass)
-        else:
-            for b0 in range(0, nslot, CB):
-                ok, x, ids = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M,
-                                            n_c, vmin, vmass)
+        # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
+        CS: tl.constexpr = CB // 2 if BANDS else CB
+        vmin = tl.full([CS], float("inf"), tl.float32)
+        vmass = tl.zeros([CS], tl.float32)
+        # Only blocks whose max reaches LB can hold a candidate >= LB: visit those, in block
+        # order (the list is the same). About k of the NT blocks for top-k (LB the k-th largest
+        # block max); a few for top-p and min-p rows whose bound lies near the top (one or two
+        # blocks of a confident row, a third of an N(0, 5^2) row's); every non-empty block
+        # where there is no bound. Emptied blocks (CD, m_t = -inf) never reach it.
+        reach = tin & (m_t >= LB) & (m_t > float("-inf")) & (listed > 0)
+        nreach = tl.sum(reach.to(tl.int32), axis=0)
+        # one sorted key carries each block and its count: one gather a slot
+        tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
+        order = tl.sort(tl.where(reach, tt, NT_P2 + tt) * 65536 + ncand_t)
+        for b0 in range(0, nreach * KT, CS):
+            ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CS,
+                                        NT_P2)
+            n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M, n_c, vmin,
+                                        vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
         full = tl.zeros([], dtype=tl.int1)

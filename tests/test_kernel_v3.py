@@ -448,3 +448,30 @@ def test_list_bound_above_tau_never_decides_a_token(monkeypatch):
         tok, lp = _run(x, tile=64, cand=cand, **kw)
         assert torch.equal(tok, tw_tok), cand
         torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_list_visits_only_the_blocks_that_reach_its_bound(monkeypatch):
+    """Top-p on confident rows (T 0.6: the max holds ~90% of the mass): the list bound lies
+    within a few units of the max, so the merge compacts the candidates of the one block whose
+    max reaches it, not every slot of the row: its reads of the candidate workspace are the
+    histogram's (each written slot once) plus that block's slots. Tokens are the twin's."""
+    from gpu_sampler.kernels import sampling
+    g = torch.Generator().manual_seed(89)
+    V, NT, KT = 4099, 65, 8
+    x = torch.randn(2, V, generator=g) * 1.5
+    x[0, 1000], x[0, 1010] = 14.0, 12.5                 # both in block 15
+    x[1, 70], x[1, 4097] = 13.0, 12.0                  # blocks 1 and 64 (the short last one)
+    sentinel = -(2 ** 62)
+    cw = torch.full((2, NT, KT), sentinel, dtype=torch.int64)
+    real = sampling._workspace
+    monkeypatch.setattr(sampling, "_workspace", lambda shape, dtype, device: (
+        cw if (tuple(shape), dtype) == ((2, NT, KT), torch.int64) else real(shape, dtype, device)))
+    reads = KernelReads(cw, monkeypatch)
+    kw = dict(temperature=0.6, top_p=0.9, seed=torch.tensor([3, 4]), offset=torch.tensor([0, 1]))
+    tok, lp = _run(x, tile=64, cand=KT, **kw)
+    written = int((cw != sentinel).sum())
+    assert written > 6 * NT                              # most blocks store candidates
+    assert written < reads.bytes["_merge_kernel"] // 8 <= written + 3 * KT
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
