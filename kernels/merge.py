@@ -583,6 +583,12 @@ def _merge_kernel(
         redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
         ncand_t = tl.where(redo & dirty, 0, ncand_t)
         G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
+        complete = G == float("-inf")
+        if (~k_act) & (~p_act):
+            # min-p alone is exact only where every kept token is a candidate (G's token is
+            # below the cut, G final here): else no list, no re-read (flat rows: second read)
+            listed = tl.where(complete | (tl.exp(G - M) < minp), listed, 0)
+            redo = redo & (listed > 0)
         # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
         CS: tl.constexpr = CB // 2 if BANDS else CB
         vmin = tl.full([CS], float("inf"), tl.float32)
@@ -594,14 +600,15 @@ def _merge_kernel(
         # where there is no bound. Emptied blocks (CD, m_t = -inf) never reach it.
         reach = tin & (m_t >= LB) & (m_t > float("-inf")) & (listed > 0)
         nreach = tl.sum(reach.to(tl.int32), axis=0)
-        # one sorted key carries each block and its count: one gather a slot
-        tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
-        order = tl.sort(tl.where(reach, tt, NT_P2 + tt) * 65536 + ncand_t)
-        for b0 in range(0, nreach * KT, CS):
-            ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CS,
-                                        NT_P2)
-            n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M, n_c, vmin,
-                                        vmass)
+        if nreach > 0:
+            # one sorted key carries each block and its count: one gather a slot
+            tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
+            order = tl.sort(tl.where(reach, tt, NT_P2 + tt) * 65536 + ncand_t)
+            for b0 in range(0, nreach * KT, CS):
+                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CS,
+                                            NT_P2)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M, n_c, vmin,
+                                            vmass)
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
         full = tl.zeros([], dtype=tl.int1)
@@ -626,7 +633,6 @@ def _merge_kernel(
                     cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
                 t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
             exact = exact & (~full)
-        complete = G == float("-inf")
         if k_act:
             tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
                                    True, LB_BLOCK, NPIV, MAX_ROUNDS)

@@ -450,28 +450,58 @@ def test_list_bound_above_tau_never_decides_a_token(monkeypatch):
         torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
 
 
+class CandidateReads(KernelReads):
+    """KernelReads of the candidate workspace [B, NT, KT] (pre-filled with a sentinel, so
+    ``written`` counts the slots stage 1 wrote)."""
+    SENTINEL = -(2 ** 62)
+
+    def __init__(self, B, NT, KT, monkeypatch):
+        from gpu_sampler.kernels import sampling
+        self.ws = torch.full((B, NT, KT), self.SENTINEL, dtype=torch.int64)
+        real = sampling._workspace
+        monkeypatch.setattr(sampling, "_workspace", lambda shape, dtype, device: (
+            self.ws if (tuple(shape), dtype) == ((B, NT, KT), torch.int64)
+            else real(shape, dtype, device)))
+        super().__init__(self.ws, monkeypatch)
+
+    def written(self):
+        return int((self.ws != self.SENTINEL).sum())
+
+
 def test_list_visits_only_the_blocks_that_reach_its_bound(monkeypatch):
     """Top-p on confident rows (T 0.6: the max holds ~90% of the mass): the list bound lies
     within a few units of the max, so the merge compacts the candidates of the one block whose
     max reaches it, not every slot of the row: its reads of the candidate workspace are the
     histogram's (each written slot once) plus that block's slots. Tokens are the twin's."""
-    from gpu_sampler.kernels import sampling
     g = torch.Generator().manual_seed(89)
     V, NT, KT = 4099, 65, 8
     x = torch.randn(2, V, generator=g) * 1.5
     x[0, 1000], x[0, 1010] = 14.0, 12.5                 # both in block 15
     x[1, 70], x[1, 4097] = 13.0, 12.0                  # blocks 1 and 64 (the short last one)
-    sentinel = -(2 ** 62)
-    cw = torch.full((2, NT, KT), sentinel, dtype=torch.int64)
-    real = sampling._workspace
-    monkeypatch.setattr(sampling, "_workspace", lambda shape, dtype, device: (
-        cw if (tuple(shape), dtype) == ((2, NT, KT), torch.int64) else real(shape, dtype, device)))
-    reads = KernelReads(cw, monkeypatch)
+    reads = CandidateReads(2, NT, KT, monkeypatch)
     kw = dict(temperature=0.6, top_p=0.9, seed=torch.tensor([3, 4]), offset=torch.tensor([0, 1]))
     tok, lp = _run(x, tile=64, cand=KT, **kw)
-    written = int((cw != sentinel).sum())
+    written = reads.written()
     assert written > 6 * NT                              # most blocks store candidates
     assert written < reads.bytes["_merge_kernel"] // 8 <= written + 3 * KT
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_min_p_row_past_its_candidates_lists_nothing(monkeypatch):
+    """Min-p alone on flat rows: a token left out of the candidates lies above the cut, so the
+    candidates cannot finish the row; the merge reads none of them (no list, no dirty-block
+    re-read) and hands the row to the second read. Tokens are the twin's."""
+    g = torch.Generator().manual_seed(97)
+    V, NT, KT = 2053, 33, 8
+    x = torch.randn(3, V, generator=g)
+    reads = CandidateReads(3, NT, KT, monkeypatch)
+    kw = dict(temperature=1.0, min_p=torch.tensor([0.05, 0.1, 0.02]), seed=7,
+              offset=torch.arange(3))
+    tok, lp = _run(x, tile=64, cand=KT, **kw)
+    assert reads.written() > 0 and reads.bytes.get("_merge_kernel", 0) == 0
+    assert reads.grids["_gather_kernel"][1] > 1
     tw_tok, tw_lp = _twin_tokens(x, **kw)
     assert torch.equal(tok, tw_tok)
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
