@@ -586,9 +586,9 @@ def _merge_kernel(
         complete = G == float("-inf")
         if (~k_act) & (~p_act):
             # min-p alone is exact only where every kept token is a candidate (G's token is
-            # below the cut, G final here): else no list, no re-read (flat rows: second read)
+            # below the cut, G final here): else no list (flat rows: second read)
             listed = tl.where(complete | (tl.exp(G - M) < minp), listed, 0)
-            redo = redo & (listed > 0)
+        redo = redo & (listed > 0)  # a row with no list re-reads no block either
         # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
         CS: tl.constexpr = CB // 2 if BANDS else CB
         vmin = tl.full([CS], float("inf"), tl.float32)
