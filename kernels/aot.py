@@ -38,8 +38,7 @@ GEOM = dict(TILE=1024, E_BLOCK=32, KT=64, CB=1024, NT_P2=128, NPIV=8, MAX_ROUNDS
 
 def _kernel(name):
     from . import band, history, merge, residual, second, stats, topn
-    return {"top_n": topn._top_n_kernel, "band_plan": band._band_plan_kernel,
-            "band_gather": band._band_gather_kernel,
+    return {"top_n": topn._top_n_kernel, "band_gather": band._band_gather_kernel,
             "band_finish": band._band_finish_kernel,
             "history": history._bucket_history_kernel, "stats": stats._stats_kernel,
             "merge": merge._merge_kernel, "write_probs": merge._write_probs_kernel,
@@ -155,7 +154,6 @@ VARIANTS = {
     "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
                                              maxnreg=72)),
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
-    "band_plan": ("band_plan", dict(TB=16, OB=64, GROW=16, num_warps=8)),
     # the gather as the launcher caps it (sampling._gather_regs): 64, 72 with pres./freq.
     "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4,
                                               maxnreg=64)),

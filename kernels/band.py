@@ -5,9 +5,10 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
 
     stage 1 (BANDS)      per block t: F_t = floor(vm_t s), s = 8 / T, and an int16 count of its
                          finite tokens per bin j = min(F_t - floor(xp s), 127)
-    _band_plan_kernel    grid (B,)    row bins J = j + (Fmax - F_t); the boundary bin Jb from the
-                                      estimated masses, the band [Ja, Jc] around it (<= CAP
-                                      tokens by the counts), per-block offsets into the list
+    the merge's plan     per row      (kernels/band_plan.py) row bins J = j + (Fmax - F_t); the
+                                      boundary bin Jb from the estimated masses, the band
+                                      [Ja, Jc] around it (<= CAP tokens by the counts),
+                                      per-block offsets into the list
     _band_gather_kernel  grid (B, C)  the second read: per block the exact mass / min-p mass /
                                       best Gumbel score of the tokens above the band, the
                                       smallest x above it and the largest x below it; the
@@ -15,7 +16,7 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
     _band_finish_kernel  grid (B,)    validate, search tau on the band, draw, logprob; a row
                                       that fails takes merge.py's row pass here (same answer)
 
-Math (x = fl(xp / T), e = e^(x - M), M and Z as the merge has them: merge._row_mz). Bin j of block t covers
+Math (x = fl(xp / T), e = e^(x - M), M and Z as the merge has them). Bin j of block t covers
 x ~ [(F_t - j) / 8, (F_t - j + 1) / 8), so its mass is estimated as
 count e^((F_t - j) / 8 - M) 8 (e^(1/8) - 1) (a uniform density inside the bin). The plan builds
 the row's counts per row bin J < 256 in one pass (gather loads of each block's bins at its
@@ -44,127 +45,16 @@ the draw), 4 per survivor (written once, read once a later round).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
+from .band_plan import B_FMAX, B_M, B_Z, BAND_ROW, I_JA, I_JC, I_N, I_OK, NBF, NBI
+from .common import (BAND_S, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
                      _pivot_update, _pivots, _row_key, _row_scale)
-from .merge import B_FMAX, B_M, B_Z, BAND_ROW, NBF, _row_mz, _row_pass
+from .merge import _row_pass
 from .second import _gather_program
 from .stats import F_LO, NF
 
-# the plan's int32 per row [B, NBI]: band found, its row bins [Ja, Jc], its token count
-I_OK, I_JA, I_JC, I_N = (tl.constexpr(i) for i in range(4))
-NBI = tl.constexpr(4)
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
 G_WA, G_WK, G_S, G_X, G_AMIN, G_BMAX = (tl.constexpr(i) for i in range(6))
 NG = tl.constexpr(6)
-# the plan's window of row bins: J < JW, 32 units of x below the row's top bin (a bin past it
-# is estimated at most V e^-32 of Z: never the boundary for V < 2^22 at any fp32 p < 1)
-JW = tl.constexpr(256)
-# the band's bins at most (GROW + 1 <= GW): the width of the band choice and of the offsets
-GW = tl.constexpr(32)
-# 8 (e^(1/8) - 1): a bin's mass over its lower edge's e^(x - M), uniform density
-BIN_MASS = tl.constexpr(1.0651876887826498)
-
-
-@triton.jit
-def _row_counts(hrow, frow, NT, fmax, TB: tl.constexpr):
-    """The row's token count per row bin J < JW, one pass over the [NT, NBIN] counts (2 NT NBIN
-    bytes from L2): block t's bin j is row bin J = j + shift_t, so each chunk of TB blocks
-    loads h[t, J - shift_t] for every J of the window, a gather load: no scatter-add (the
-    first plan re-read the counts once per bisection step and per grow step, 25 passes)."""
-    J = tl.arange(0, JW)
-    cnt = tl.zeros([JW], tl.int32)
-    for t0 in range(0, NT, TB):
-        tb = t0 + tl.arange(0, TB)
-        F = tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
-        j = J[None, :] - _band_shift(fmax, F)[:, None]
-        ok = (tb < NT)[:, None] & (j >= 0) & (j < NBIN)
-        h = tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0)
-        cnt += tl.sum(h.to(tl.int32), axis=0)
-    return cnt
-
-
-@triton.jit
-def _boundary_bin(cnt, fmax, M, Z, p):
-    """Jb = E - 1, E the smallest row edge with Z - W_est(J >= E) >= p Z, W_est(J >= E) the
-    suffix sum of cnt[J] e^((Fmax - J) / 8 - M) BIN_MASS over the window (non-increasing in
-    E, 0 at JW, so E <= JW): one scan, no bisection."""
-    J = tl.arange(0, JW)
-    w = cnt.to(tl.float32) * (tl.exp((fmax - J.to(tl.float32)) / BAND_S - M) * BIN_MASS)
-    tail = tl.cumsum(w, 0, reverse=True)
-    E = tl.min(tl.where(Z - tail >= p * Z, J, JW), axis=0)
-    return tl.maximum(E - 1, 0)
-
-
-@triton.jit
-def _choose_band(cnt, jb, CAP, GROW: tl.constexpr):
-    """[Ja, Jc] = [Jb - a, Jb + c] with a + c <= GROW inside the window holding <= CAP
-    tokens, the most balanced first (max min(a, c), then a + c, then a): the estimate errs on
-    both sides. All (a, c) at once from the prefix counts (the first plan grew the band a bin
-    at a time, a pass over the counts per step). Returns (Ja, Jc, count, the band exists)."""
-    incl = tl.cumsum(cnt, 0)
-    i = tl.arange(0, GW)
-    pa = tl.gather(incl - cnt, tl.minimum(tl.maximum(jb - i, 0), JW - 1), 0)  # tokens J < Ja
-    qc = tl.gather(incl, tl.minimum(jb + i, JW - 1), 0)  # tokens J <= Jc
-    a = i[:, None]
-    c = i[None, :]
-    n2 = qc[None, :] - pa[:, None]
-    ok = (a + c <= GROW) & (jb - a >= 0) & (jb + c < JW) & (n2 <= CAP)
-    score = tl.where(ok, (tl.minimum(a, c) * 64 + a + c) * 64 + a, -1)
-    best = tl.max(tl.max(score, axis=1), axis=0)
-    n = tl.sum(tl.sum(tl.where(score == best, n2, 0), axis=1), axis=0)
-    ba = best % 64
-    return jb - ba, jb + (best // 64) % 64 - ba, n, best >= 0
-
-
-@triton.jit
-def _band_offsets(hrow, frow, orow, NT, fmax, ja, jc, OB: tl.constexpr):
-    """Per block, the exclusive cumsum (block order) of its tokens in row bins [Ja, Jc]: where
-    the gather appends its band tokens. One gather load of GW bins per block. Returns the
-    band's token count."""
-    i = tl.arange(0, GW)
-    carry = tl.zeros([], tl.int32)
-    for t0 in range(0, NT, OB):
-        tb = t0 + tl.arange(0, OB)
-        F = tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
-        j = (ja + i)[None, :] - _band_shift(fmax, F)[:, None]
-        ok = (tb < NT)[:, None] & (i[None, :] <= jc - ja) & (j >= 0) & (j < NBIN)
-        bc = tl.sum(tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0).to(tl.int32),
-                    axis=1)
-        tl.store(orow + tb, carry + tl.cumsum(bc, 0) - bc, mask=tb < NT)
-        carry += tl.sum(bc, axis=0)
-    return carry
-
-
-@triton.jit(do_not_specialize=["topp_s"])
-def _band_plan_kernel(NT, CAP, tok_ptr, topp_ptr, topp_s, bf_ptr, bi_ptr, hb_ptr, ft_ptr,
-                      off_ptr, wf_ptr, TOPP_T: tl.constexpr, NT_P2: tl.constexpr, TB: tl.constexpr,
-                      OB: tl.constexpr, GROW: tl.constexpr):
-    """Grid (B,). For a row the merge flagged (token -3): M and Z from the blocks (as the
-    merge), then its [NT, 128] counts and F_t twice (the row histogram of the window, then the
-    band's GW bins per block, from L2) and writes the band [Ja, Jc], its count and the
-    per-block offsets (exclusive cumsum of the blocks' band counts, block order); no logits.
-    The band fails (the row pass in the finish) when Jb alone holds more than CAP tokens or the
-    row's Fmax is not finite."""
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(tok_ptr + row) == BAND_ROW:
-        p = _param(topp_ptr, topp_s, row, TOPP_T)
-        tt = tl.arange(0, NT_P2)
-        _m_t, M, Z = _row_mz(wf_ptr + row * NF * NT, NT, tt, tt < NT)  # as the merge has them
-        hrow = hb_ptr + row * NT * NBIN
-        frow = ft_ptr + row * NT
-        fmax = tl.max(tl.load(frow + tt, mask=tt < NT, other=float("-inf")), axis=0)
-        cnt = _row_counts(hrow, frow, NT, fmax, TB)
-        jb = _boundary_bin(cnt, fmax, M, Z, p)
-        ja, jc, _n, ok = _choose_band(cnt, jb, CAP, GROW)
-        ok = ok & (fmax < float("inf")) & (fmax > float("-inf"))
-        n = _band_offsets(hrow, frow, off_ptr + row * NT, NT, fmax, ja, jc, OB)
-        tl.store(bf_ptr + row * NBF + B_M, M)
-        tl.store(bf_ptr + row * NBF + B_Z, Z)
-        tl.store(bf_ptr + row * NBF + B_FMAX, fmax)
-        tl.store(bi_ptr + row * NBI + I_OK, ok.to(tl.int32))
-        tl.store(bi_ptr + row * NBI + I_JA, ja)
-        tl.store(bi_ptr + row * NBI + I_JC, jc)
-        tl.store(bi_ptr + row * NBI + I_N, n)
 
 
 @triton.jit

@@ -19,24 +19,21 @@ block partials did not prove) are instead handed to kernels/second.py: a second 
 whole grid (B, C), then a (B,) finish; the merge writes their plan (M, Me, lmin) and flags
 them in its outputs (token -2; Z_f -1 for the distribution). With BANDS, top-p rows without
 top-k that would take the row pass go to kernels/band.py (a band of x around tau estimated from
-stage 1's histograms, one more read over (B, C)); the merge flags them with token -3. The row pass itself is ``_row_pass``, which band.py calls for rows whose band
-fails validation.
+stage 1's histograms, one more read over (B, C)); the merge flags them with token -3 and plans
+their band (kernels/band_plan.py). The row pass itself is ``_row_pass``, which band.py calls for
+rows whose band fails validation.
 """
 import triton
 import triton.language as tl
 
-from .common import (EMPTY_SLOT, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row, _best,
-                     _better, _cand_id, _cand_x, _gumbel, _head, _param, _penalised_tile, _pivot_init,
-                     _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key, _row_scale,
-                     _tempered)
+from .band_plan import BAND_ROW, NBF, NBI, _plan_row
+from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
+                     _best, _better, _cand_id, _cand_x, _gumbel, _head, _param, _penalised_tile,
+                     _pivot_init, _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key,
+                     _row_scale, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
-# the band read's per-row plan (float32 [B, NBF]: M, Z, Fmax), written by its plan kernel; a
-# row the merge hands to it is flagged with token BAND_ROW (kernels/band.py)
-B_M, B_Z, B_FMAX = (tl.constexpr(i) for i in range(3))
-NBF = tl.constexpr(3)
-BAND_ROW = tl.constexpr(-3)
 
 
 
@@ -351,6 +348,7 @@ def _merge_kernel(
     wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr, rf_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
+    hb_ptr, ft_ptr, bf_ptr, bi_ptr, boff_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -692,11 +690,13 @@ def _merge_kernel(
     if BANDS:
         # top-p rows (no top-k) whose nucleus outgrew the candidates go to the band read
         # (kernels/band.py), grid (B, C), instead of the row pass, flagged as token -3 through
-        # bidx; nothing else is stored (M, Z stored here spilled 16 bytes in the per-row +
-        # min-p + pf variant: the band plan recomputes them from the blocks, _row_mz)
+        # bidx, with their plan (kernels/band_plan.py: here, where M and Z are, one launch
+        # fewer than a plan kernel of its own)
         if fallback & p_act & (~k_act) & (~ovf):
             fallback = fallback & (~fallback)
             bidx = bidx * 0 + BAND_ROW
+            _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
+                      bf_ptr + row * NBF, bi_ptr + row * NBI, NT, NT * KT, M, Z, p, NT_P2)
     if fallback:
         M, tau, z_f, best, bidx, bx = _row_pass(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,

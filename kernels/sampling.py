@@ -14,9 +14,9 @@ workspace per (B, V, L):
     kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
                                                               (min-p alone, unproven pure T)
     kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
-    kernels/band.py     _band_plan_kernel       grid (B,)     top-p rows (no top-k) the merge hands
-                                                              over: the band around tau, estimated
-    kernels/band.py     _band_gather_kernel     grid (B, C)   their second read: above / band / below
+    kernels/band.py     _band_gather_kernel     grid (B, C)   the second read of top-p rows (no
+                                                              top-k) the merge hands over with their
+                                                              band plan: above / band / below
     kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
                                                               merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
@@ -41,8 +41,9 @@ import triton
 from .common import NBIN
 from .history import _bucket_history_kernel
 from .launch import edit_table, log_alpha, next_pow2, split_param
-from .band import NBI, NG, _band_finish_kernel, _band_gather_kernel, _band_plan_kernel
-from .merge import NBF, NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
+from .band import NG, _band_finish_kernel, _band_gather_kernel
+from .band_plan import NBF, NBI
+from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .residual import NP, NPI, _residual_finish, _residual_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
@@ -347,15 +348,16 @@ def _launch_stats(c, wf, wi, cand, hb, ft):
         **c.const)
 
 
-def _launch_merge(c, work, out, write_probs, npiv, max_rounds, keep_list=False):
-    """The merge (kernels/merge.py), grid (B,): thresholds, draw, logprob, exact fallback."""
+def _launch_merge(c, work, out, band, write_probs, npiv, max_rounds, keep_list=False):
+    """The merge (kernels/merge.py), grid (B,): thresholds, draw, logprob, exact fallback, and
+    the band plan of rows it hands to the band read."""
     g, L = c.g, c.logits
     warps = 8 if g["TILE"] >= 1024 else 4
     _merge_kernel[(L.shape[0],)](
         L, L.stride(0), L.shape[1], g["NT"], *c.hist, *c.p["temp"].pair(),
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["rep"].pair(),
         *c.p["pres"].pair(), *c.p["freq"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(),
-        *work, *out, *c.cdargs, c.wc,
+        *work, *out, *c.cdargs, c.wc, *band,
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes,
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
@@ -393,24 +395,20 @@ def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
         WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4)
 
 
-def _launch_band(c, tok, logp, bf, hb, ft, xs, wf, npiv, max_rounds, second=None):
-    """The band read (kernels/band.py): plan (B,), gather (B, C), finish (B,). With ``second``
-    = (rf, sf, write_probs) the gather also runs the second read's gather (SECOND: its rows
-    are the merge's token -2 rows, disjoint from the band's -3 ones, and neither launch writes
-    what the other reads) and the second read's finish runs before the band's: 5 launches after
-    the merge become 4."""
+def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
+    """The band read (kernels/band.py), planned by the merge: gather (B, C), finish (B,). With
+    ``second`` = (rf, sf, write_probs) the gather also runs the second read's gather (SECOND:
+    its rows are the merge's token -2 rows, disjoint from the band's -3 ones, and neither
+    launch writes what the other reads) and the second read's finish runs before the band's:
+    4 launches after the merge become 3."""
     g, L = c.g, c.logits
     B, NT, dev = L.shape[0], g["NT"], L.device
     cap = NT * g["KT"]  # the merge's list workspaces, free once it is done, hold the band
-    bi = _workspace((B, NBI.value), torch.int32, dev)
-    boff = _workspace((B, NT), torch.int32, dev)
+    _, ft, bf, bi, boff = band
     gf = _workspace((B, NG.value, NT), torch.float32, dev)
     gi = _workspace((B, NT), torch.int32, dev)
     sx = _workspace((B, cap), torch.float32, dev)  # the finish's shrunk search list
     sq = (second[0], *_second_work(c)) if second else (L, L, L)  # the second read's rf, qf, qi
-    _band_plan_kernel[(B,)](NT, cap, tok, *c.p["topp"].pair(), bf, bi, hb, ft, boff, wf,
-                            **c.flags("topp"), NT_P2=g["NT_P2"], TB=16, OB=64, GROW=16,
-                            num_warps=8)
     _band_gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
@@ -588,6 +586,28 @@ def _stage1_budget(top_n, reuse, per_row, wide):
     return STATS_REGS, STATS_SLOTS
 
 
+class _BandWork(NamedTuple):
+    """The band read's workspaces: stage 1's estimate (counts hb [B, NT, NBIN] int16, tops ft
+    [B, NT]) and the merge's plan (bf [B, NBF], bi [B, NBI], block offsets boff [B, NT]), or
+    the logits as dummies in a call without the band read."""
+    hb: torch.Tensor
+    ft: torch.Tensor
+    bf: torch.Tensor
+    bi: torch.Tensor
+    boff: torch.Tensor
+
+
+def _band_work(c):
+    B, NT, dev = c.logits.shape[0], c.g["NT"], c.logits.device
+    if not c.bands:
+        return _BandWork(*(c.logits,) * 5)
+    return _BandWork(_workspace((B, NT, NBIN.value), torch.int16, dev),
+                     _workspace((B, NT), torch.float32, dev),
+                     _workspace((B, NBF.value), torch.float32, dev),
+                     _workspace((B, NBI.value), torch.int32, dev),
+                     _workspace((B, NT), torch.int32, dev))
+
+
 def _run(c, write_probs, npiv, max_rounds, residual=None):
     """The launches of one call, in order; its outputs."""
     g, dev, B = c.g, c.logits.device, c.logits.shape[0]
@@ -595,11 +615,8 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
     work = (_workspace((B, NF.value, NT), torch.float32, dev),
             _workspace((B, NI.value, NT), torch.int32, dev),
             _workspace((B, NT, KT), torch.int64, dev))
-    # the band read's estimate (stage 1) and per-row plan (merge, band plan), or dummies
-    hb, ft, bf = (_workspace((B, NT, NBIN.value), torch.int16, dev),
-                  _workspace((B, NT), torch.float32, dev),
-                  _workspace((B, NBF.value), torch.float32, dev)) if c.bands else (c.logits,) * 3
-    _launch_stats(c, *work, hb, ft)
+    band = _band_work(c)
+    _launch_stats(c, *work, band.hb, band.ft)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
         si = _workspace((B, 2), torch.int32, dev)
@@ -609,16 +626,16 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
         sf, si = (c.top.sf, c.top.si) if c.top.state else (tok, tok)
     rf = _workspace((B, NR.value), torch.float32, dev) if c.second else c.logits
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
-    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), write_probs, npiv, max_rounds,
+    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), band, write_probs, npiv, max_rounds,
                   residual is not None)
     if c.fuse:  # both hand-overs: one gather launch reads both kinds of rows (kernels/band.py)
-        _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds,
+        _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds,
                      second=(rf, sf, write_probs))
     else:
         if c.second:
             _launch_second(c, rf, tok, logp, sf, write_probs)
         if c.bands:
-            _launch_band(c, tok, logp, bf, hb, ft, xs, work[0], npiv, max_rounds)
+            _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds)
     if residual is not None:
         return _launch_residual(c, sf, si, xs, *residual)
     if write_probs:
