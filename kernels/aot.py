@@ -167,7 +167,11 @@ VARIANTS = {
                                                                HAS_PF=True, SECOND=True,
                                                                num_warps=4, maxnreg=72)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
-                                        SB=512, SB2=256, NPIV2=16, maxnreg=128)),
+                                        SB=512, SB2=256, NPIV2=16, SECOND=False, maxnreg=128)),
+    # also the second read's finish (a call with both hand-overs: per-row parameters)
+    "band_finish:second": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
+                                               SB=512, SB2=256, NPIV2=16, SECOND=True,
+                                               maxnreg=128)),
     # top-N logprobs from the one read (kernels/topn.py): raw (64 windowed candidates a
     # block), processed N = 20 (32 keys a block) and N = 64
     "stats:top-n raw": ("stats", dict(TOPN_KB=64, num_warps=4, maxnreg=128)),

@@ -49,7 +49,7 @@ from .band_plan import B_FMAX, B_M, B_Z, BAND_ROW, I_JA, I_JC, I_N, I_OK, NBF, N
 from .common import (BAND_S, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
                      _pivot_update, _pivots, _row_key, _row_scale)
 from .merge import _row_pass
-from .second import _gather_program
+from .second import HANDED, _finish_sampled, _gather_program
 from .stats import F_LO, NF
 
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
@@ -318,18 +318,26 @@ def _band_finish_kernel(
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
     tok_ptr, logp_ptr, bf_ptr, bi_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, sx_ptr, wf_ptr,
+    rf_ptr, qf_ptr, qi_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
     CB: tl.constexpr, SB: tl.constexpr, NPIV: tl.constexpr, SB2: tl.constexpr,
-    NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+    NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, SECOND: tl.constexpr = False,
 ):
     """Grid (B,). For a band row: 7 words per block and the band list (once to sum, once per
     search round, once to draw: from L2), then its token and logprob; no logits unless the band
-    failed, when it runs merge.py's _row_pass (a pass per search round + the draw pass)."""
+    failed, when it runs merge.py's _row_pass (a pass per search round + the draw pass). With
+    SECOND it is also the second read's finish (kernels/second.py) for the rows the merge
+    handed there (token -2; rf, qf, qi: that read's plan and block partials): one launch
+    fewer."""
     row = tl.program_id(0).to(tl.int64)
-    if tl.load(tok_ptr + row) == BAND_ROW:
+    flag = tl.load(tok_ptr + row)
+    if SECOND:
+        if flag == HANDED:
+            _finish_sampled(row, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2)
+    if flag == BAND_ROW:
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
             TEMP_T, REP_T, PRES_T, FREQ_T)

@@ -2,8 +2,9 @@
 
 A call is two launches over the [B, V] logits (three with penalties, except a repetition
 penalty over a short history at a small batch: _direct_history; two more when a row can have
-min-p and no top-k / top-p, three more when a row can have top-p without top-k, one fewer when
-both and the batch is small: _Call.fuse; one more for the distribution), with a static
+min-p and no top-k / top-p, two more when a row can have top-p without top-k (the merge plans
+its band), one fewer when both (one finish for both), one fewer again when the batch is small
+(one gather for both: _Call.fuse); one more for the distribution), with a static
 workspace per (B, V, L):
 
     kernels/history.py  _bucket_history_kernel  grid (B,)     history ids -> edits bucketed by block
@@ -374,17 +375,29 @@ def _second_work(c):
             _workspace((B, NQI.value, NT), torch.int32, dev))
 
 
-def _launch_second(c, rf, tok, logp, sf, write_probs):
-    """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,)."""
+class _Second(NamedTuple):
+    """The second read's rows in a call (kernels/second.py): the merge's plan rf, the block
+    partials qf / qi, the state sf, write_probs; gather: the band gather reads them too
+    (_Call.fuse)."""
+    rf: torch.Tensor
+    qf: torch.Tensor
+    qi: torch.Tensor
+    sf: torch.Tensor
+    write_probs: bool
+    gather: bool
+
+
+def _launch_second(c, s, tok, logp, finish):
+    """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,), unless
+    the band finish does it (``finish`` False)."""
     g, L = c.g, c.logits
-    B = L.shape[0]
-    qf, qi = _second_work(c)
-    _gather_kernel[(B, g["C"])](
+    _gather_kernel[(L.shape[0], g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
-        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), rf, tok, sf, qf, qi,
-        *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        WRITE_PROBS=write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
-    _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs)
+        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), s.rf, tok, s.sf, s.qf,
+        s.qi, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
+    if finish:
+        _finish_second(c, s.rf, s.qf, s.qi, tok, logp, s.sf, s.write_probs)
 
 
 def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
@@ -397,10 +410,11 @@ def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
 
 def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
     """The band read (kernels/band.py), planned by the merge: gather (B, C), finish (B,). With
-    ``second`` = (rf, sf, write_probs) the gather also runs the second read's gather (SECOND:
-    its rows are the merge's token -2 rows, disjoint from the band's -3 ones, and neither
-    launch writes what the other reads) and the second read's finish runs before the band's:
-    4 launches after the merge become 3."""
+    ``second`` (a _Second: the call can have second-read rows, token -2, disjoint from the
+    band's -3 ones) the band finish is their finish too (SECOND), one launch fewer, except in
+    a call that keeps a row state (the second read's own finish writes it); with
+    ``second.gather`` the band gather is also their gather (neither launch writes what the
+    other reads): one more launch fewer."""
     g, L = c.g, c.logits
     B, NT, dev = L.shape[0], g["NT"], L.device
     cap = NT * g["KT"]  # the merge's list workspaces, free once it is done, hold the band
@@ -408,26 +422,27 @@ def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
     gf = _workspace((B, NG.value, NT), torch.float32, dev)
     gi = _workspace((B, NT), torch.int32, dev)
     sx = _workspace((B, cap), torch.float32, dev)  # the finish's shrunk search list
-    sq = (second[0], *_second_work(c)) if second else (L, L, L)  # the second read's rf, qf, qi
+    sq = (second.rf, second.qf, second.qi) if second else (L, L, L)
+    both = second if second and second.gather else None
     _band_gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
         gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        num_warps=c.num_warps, SECOND=second is not None, **_gather_regs(c, second),
+        num_warps=c.num_warps, SECOND=both is not None, **_gather_regs(c, both),
         **_band_const(c))
-    if second:
-        _finish_second(c, *sq, tok, logp, second[1], second[2])
+    if both and c.top.state:
+        _finish_second(c, *sq, tok, logp, second.sf, second.write_probs)
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
     # pivot partials, the later rounds over the survivors [256, 16] (22.8 against 23.2 us)
     warps = 8 if g["TILE"] >= 1024 else 4
     _band_finish_kernel[(B,)](
         L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, gf,
-        gi, *xs, sx, wf, **c.flags("topp", "minp", "seed", "off"),
+        gi, *xs, sx, wf, *sq, **c.flags("topp", "minp", "seed", "off"),
         HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=1024, SB=512, NPIV=npiv, SB2=256,
-        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, num_warps=warps, **_regs(MERGE_REGS),
-        **_band_const(c))
+        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, SECOND=second is not None and not c.top.state,
+        num_warps=warps, **_regs(MERGE_REGS), **_band_const(c))
 
 
 def _gather_regs(c, second=None):
@@ -628,14 +643,13 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
     _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), band, write_probs, npiv, max_rounds,
                   residual is not None)
-    if c.fuse:  # both hand-overs: one gather launch reads both kinds of rows (kernels/band.py)
-        _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds,
-                     second=(rf, sf, write_probs))
-    else:
-        if c.second:
-            _launch_second(c, rf, tok, logp, sf, write_probs)
-        if c.bands:
-            _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds)
+    # both hand-overs: the band finish finishes both kinds of rows, and with c.fuse one
+    # gather launch reads both (kernels/band.py)
+    second = _Second(rf, *_second_work(c), sf, write_probs, c.fuse) if c.second else None
+    if second and not c.fuse:
+        _launch_second(c, second, tok, logp, finish=not c.bands or c.top.state)
+    if c.bands:
+        _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds, second)
     if residual is not None:
         return _launch_residual(c, sf, si, xs, *residual)
     if write_probs:

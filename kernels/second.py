@@ -166,12 +166,31 @@ def _finish_kernel(
             tl.store(sf_ptr + row * NS + S_ZF, z_f)
             tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
         if not WRITE_PROBS:
-            s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
-            id_t = tl.load(qi_ptr + row * NQI * NT + Q_ID * NT + tt, mask=tin, other=0)
-            best = tl.max(s_t, axis=0)
-            bid = tl.min(tl.where(tin & (s_t == best), id_t, 2147483647), axis=0)
-            bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bid),
-                                 tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf")),
-                                 float("-inf")), axis=0)
-            tl.store(tok_ptr + row, bid.to(tl.int64))
-            tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))
+            _finish_draw(row, NT, tt, tin, qf, qi_ptr + row * NQI * NT, M, z_f, tok_ptr,
+                         logp_ptr)
+
+
+@triton.jit
+def _finish_draw(row, NT, tt, tin, qf, qi, M, z_f, tok_ptr, logp_ptr):
+    """The row's token (the best block score, the lowest id on ties) and its logprob."""
+    s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
+    id_t = tl.load(qi + Q_ID * NT + tt, mask=tin, other=0)
+    best = tl.max(s_t, axis=0)
+    bid = tl.min(tl.where(tin & (s_t == best), id_t, 2147483647), axis=0)
+    bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bid),
+                         tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf")),
+                         float("-inf")), axis=0)
+    tl.store(tok_ptr + row, bid.to(tl.int64))
+    tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))
+
+
+@triton.jit
+def _finish_sampled(row, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2: tl.constexpr):
+    """_finish_kernel's work for one handed-over row of a sampling call (no distribution, no
+    row state), for kernels/band.py's finish: one launch finishes both hand-overs."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    qf = qf_ptr + row * NQ * NT
+    z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
+    _finish_draw(row, NT, tt, tin, qf, qi_ptr + row * NQI * NT, tl.load(rf_ptr + row * NR + R_M),
+                 z_f, tok_ptr, logp_ptr)

@@ -36,12 +36,15 @@ def _check(x, kw, tok, lp):
 
 def test_band_rows_read_twice_and_match_twin(monkeypatch):
     """Two reads of each band row, both over (B, C) (the merge and the finish read no logits),
-    the twin's tokens, the same at 1 / 3 chunks (the sub-batch) and on a sub-batch."""
+    in four launches (the merge plans the band), the twin's tokens, the same at 1 / 3 chunks
+    (the sub-batch) and on a sub-batch."""
     g = torch.Generator().manual_seed(61)
     V = 4099
     x, kw = _band_rows(V, g)
     reads = KernelReads(x, monkeypatch)
     tok, lp = _run(x, **GEOM, **kw)
+    assert list(reads.grids) == ["_stats_kernel", "_merge_kernel", "_band_gather_kernel",
+                                 "_band_finish_kernel"]
     assert reads.bytes["_stats_kernel"] == x.numel() * 4
     assert reads.bytes["_band_gather_kernel"] == x.numel() * 4  # every row once more
     assert reads.bytes.get("_merge_kernel", 0) == 0

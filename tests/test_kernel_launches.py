@@ -70,11 +70,13 @@ def test_direct_history_matches_bucketed(monkeypatch):
 def test_one_gather_for_both_hand_overs(monkeypatch):
     """A per-row batch with min-p-alone rows (the second read) and top-p rows whose nucleus
     outgrows the candidates (the band read): at a small batch one gather launch serves both
-    (no _gather_kernel launch), planned for many rows they keep their own launches; the same
-    tokens and logprobs either way."""
+    (no _gather_kernel launch), planned for many rows they keep their own launches; either way
+    the band finish finishes both (no _finish_kernel launch); the same tokens and logprobs."""
     ks = _ks()
     gather = _Count(ks._gather_kernel)
+    finish = _Count(ks._finish_kernel)
     monkeypatch.setattr(ks, "_gather_kernel", gather)
+    monkeypatch.setattr(ks, "_finish_kernel", finish)
     gen = torch.Generator().manual_seed(8)
     V, B = 1024, 5
     x = torch.rand(B, V, generator=gen) * 0.5  # flat rows: big nuclei, min-p keeps many
@@ -86,7 +88,7 @@ def test_one_gather_for_both_hand_overs(monkeypatch):
     fused = ks.fused_sample(x, **kw)
     assert gather.n == 0
     apart = ks.fused_sample(x, plan_batch=4096, **kw)
-    assert gather.n == 1
+    assert gather.n == 1 and finish.n == 0
     _same(fused, apart)
     from gpu_sampler import reference
     kw = {k: v for k, v in kw.items() if k not in ("tile", "cand")}
