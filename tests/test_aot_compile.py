@@ -1,5 +1,9 @@
 """The kernel compiles for sm_90 (Hopper) on this GPU-less machine.
 
+Named to sort first: with a cold Triton cache (a fresh CI machine) this file is the suite's
+longest (~5 min on the 2-core machine), so `--dist loadfile` starts it beside the others
+rather than last.
+
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
 process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills.
