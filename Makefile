@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[test,demo]"
 	touch $(STAMP)
 
+# files in name order (xdist would start the files with the most tests first): the sm_90
+# compile test (tests/test_aot_compile.py, ~5 min with a cold Triton cache) starts first
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 demo: $(STAMP)
 	$(BIN)/gpu-sampler demo

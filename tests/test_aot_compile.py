@@ -1,8 +1,9 @@
 """The kernel compiles for sm_90 (Hopper) on this GPU-less machine.
 
 Named to sort first: with a cold Triton cache (a fresh CI machine) this file is the suite's
-longest (~5 min on the 2-core machine), so `--dist loadfile` starts it beside the others
-rather than last.
+longest (~5 min on the 2-core machine), and `make test` hands files out in name order
+(`--no-loadscope-reorder`: by default xdist starts the files with the most tests first, which
+left this one-test file last).
 
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
