@@ -24,8 +24,9 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "wc_ptr": "*fp32", "rf_ptr": "*fp32", "qf_ptr": "*fp32",
        "qi_ptr": "*i32", "x_ptr": "*i32", "bf_ptr": "*fp32", "bi_ptr": "*i32",
        "hb_ptr": "*i16", "ft_ptr": "*fp32", "boff_ptr": "*i32", "gf_ptr": "*fp32",
-       "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32", "lp_ptr": "*fp32",
-       "sx_ptr": "*fp32", "nl_ptr": "*i64", "q_ptr": "*fp32", "d_ptr": "*i64",
+       "tab_ptr": "*i64", "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32",
+       "lp_ptr": "*fp32", "sx_ptr": "*fp32", "sp_ptr": "*fp32", "spi_ptr": "*i64",
+       "nl_ptr": "*i64", "q_ptr": "*fp32", "d_ptr": "*i64",
        "pf_ptr": "*fp32", "pi_ptr": "*i32", "pd_ptr": "*fp32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
@@ -166,11 +167,12 @@ VARIANTS = {
     "band_gather:per-row+minp+pf+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                                HAS_PF=True, SECOND=True,
                                                                num_warps=4, maxnreg=72)),
-    "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
-                                        SB=512, SB2=256, NPIV2=16, SECOND=False, maxnreg=128)),
+    "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=512,
+                                        SB2=256, NPIV2=16, FP=16, SEG=64, SECOND=False,
+                                        maxnreg=128)),
     # also the second read's finish (a call with both hand-overs: per-row parameters)
-    "band_finish:second": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=1024,
-                                               SB=512, SB2=256, NPIV2=16, SECOND=True,
+    "band_finish:second": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=512,
+                                               SB2=256, NPIV2=16, FP=16, SEG=64, SECOND=True,
                                                maxnreg=128)),
     # top-N logprobs from the one read (kernels/topn.py): raw (64 windowed candidates a
     # block), processed N = 20 (32 keys a block) and N = 64

@@ -12,9 +12,13 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
     _band_gather_kernel  grid (B, C)  the second read: per block the exact mass / min-p mass /
                                       best Gumbel score of the tokens above the band, the
                                       smallest x above it and the largest x below it; the
-                                      band's tokens (x, id) appended at the block's offset
-    _band_finish_kernel  grid (B,)    validate, search tau on the band, draw, logprob; a row
-                                      that fails takes merge.py's row pass here (same answer)
+                                      band's tokens (x, id) appended at the block's offset and
+                                      their fixed-point masses added to the row's bucket table
+    _band_finish_kernel  grid (B, FP) tau's bucket from the table; each program filters 1 / FP
+                                      of the band list (bucket-b tokens, the draw above b); the
+                                      row's last program (an atomic ticket) searches tau on the
+                                      bucket's tokens, draws, writes the logprob; a row that
+                                      fails takes merge.py's row pass there (same answer)
 
 Math (x = fl(xp / T), e = e^(x - M), M and Z as the merge has them). Bin j of block t covers
 x ~ [(F_t - j) / 8, (F_t - j + 1) / 8), so its mass is estimated as
@@ -27,26 +31,35 @@ the same xp and stage 1's F_t, so the band is a set of bins, the same in all of 
 counts are exact and the list never overflows. Unclamped, J = Fmax - floor(xp s) whatever the
 block, monotone in xp, so above / band / below are upper sets of xp.
 
-Validation (finish): W_a < p Z <= W_a + W_band (tau lies in the band: round 1's -inf pivot), then
-tau = pivot rounds with target p Z - W_a (round 1 over the band, the rest over its survivors
-[lo, pv] with W(t) = A + their mass, A the mass above pv), and
-max x below < tau <= min x above (no tie group of x straddles an edge). Then every kept token
-(x >= tau, e >= min_p) is above the band or in it: Z_f = W_a,kept + band kept mass, the token
-the best of the blocks' above-winners and the band's kept lanes (Gumbel noise by id, lowest id
-on ties), logprob = x_tok - M - log Z_f. Everything is per block or over the list in block
-order (fixed trees), so the result is the same for any chunk count and batch.
+Finish (thirteenth session: the bucket table). The gather adds each band token's mass, as an
+integer e 2^47 (exact, order-free sums), into the row's table of NBUCK buckets of 1/QR unit of
+x (band_plan.py; a monotone function of x, so equal x share a bucket). With target = p Z - W_a,
+tau's bucket b is the highest whose suffix mass reaches target (one int64 scan: W_a < p Z <=
+W_a + W_band, tau lies in the band, or the row fails), A = the mass above it. The list is
+split over FP programs (one wave of the batch); each copies its bucket-b tokens to scratch at
+its slice's start and keeps, per lane, the kept mass (fixed point) and the best draw of its
+tokens above b; then a ticket (bar.sync, one acq_rel atomic: the stores are released before
+it), and the row's last program gathers the slices' bucket-b tokens into one list in slice
+order, runs the pivot rounds there (W(t) = A + their mass of x >= t, ~10-30 tokens on a flat
+row), checks max x below < tau <= min x above (no tie group of x straddles a band edge) and
+draws: the best of the blocks' above-winners, the slices' winners and bucket b's kept tokens
+(Gumbel noise by id, lowest id on ties), Z_f = W_a,kept + the slices' kept mass + bucket b's,
+logprob = x_tok - M - log Z_f. Every sum is per block, fixed point, or over the list in list
+order, so the result is the same for any chunk count, batch and FP.
 
 Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C); a failed row
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
 260 per block (stage 1's estimate, written once, read twice by the plan), 28 per block (gather
-partials), 8 per band token (written once; x read by round 1, the shrink and the draw, ids by
-the draw), 4 per survivor (written once, read once a later round).
+partials), 8 per band token (written once, read once by the finish's slices) and an 8-byte
+atomic add each, the 8 KB table (reset by the plan, read by each finish program), 8 bytes per
+bucket-b token (copied twice, then read once a round and by the draw).
 """
 import triton
 import triton.language as tl
 
-from .band_plan import B_FMAX, B_M, B_Z, BAND_ROW, I_JA, I_JC, I_N, I_OK, NBF, NBI
-from .common import (BAND_S, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
+from .band_plan import (B_FMAX, B_M, B_Z, BAND_ROW, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
+                        NBUCK, Q_SLACK, QR)
+from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
                      _pivot_update, _pivots, _row_key, _row_scale)
 from .merge import _row_pass
 from .second import HANDED, _finish_sampled, _gather_program
@@ -58,12 +71,23 @@ NG = tl.constexpr(6)
 
 
 @triton.jit
-def _band_block(lrow, erow, brow, xrow, gf, gi, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
+def _bucket(x, fmax, jc):
+    """A band token's bucket (band_plan.py's table): floor(x QR) - qb clamped to [0, NBUCK), a
+    monotone function of x (equal x, one bucket; the clamp keeps it monotone), the same float
+    arithmetic in the gather and the finish."""
+    qb = tl.floor((fmax - jc.to(tl.float32)) / BAND_S * QR) - Q_SLACK
+    d = tl.floor(x * QR) - qb
+    return tl.minimum(tl.maximum(d, 0.0), NBUCK - 1).to(tl.int32)
+
+
+@triton.jit
+def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
                 rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
                 TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
                 HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Block t of a band row (module docstring): its partials, and its band tokens appended at
-    its offset in block order (rank = the lane's order among the block's band tokens)."""
+    """Block t of a band row (module docstring): its partials, its band tokens appended at
+    its offset in block order (rank = the lane's order among the block's band tokens) and
+    added into the row's bucket table (integer atomics: the same sums in any order)."""
     offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           lrow, 0.0, 0.0, 0.0, False, False)
@@ -88,6 +112,8 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, xs_ptr, is_ptr, base, off_t, F, 
     sel = band & (pos < CAP)  # by construction always (the plan counted the same bins)
     tl.store(xs_ptr + base + pos, x, mask=sel)
     tl.store(is_ptr + base + pos, offs, mask=sel)
+    qp = tab + _bucket(x, fmax, jc)
+    tl.atomic_add(qp, (e * FX).to(tl.int64), mask=sel, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "seed_s", "off_s"])
@@ -96,7 +122,7 @@ def _band_gather_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
-    tok_ptr, bf_ptr, bi_ptr, ft_ptr, boff_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr,
+    tok_ptr, bf_ptr, bi_ptr, ft_ptr, boff_ptr, tab_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr,
     rf_ptr, qf_ptr, qi_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -138,10 +164,10 @@ def _band_gather_kernel(
             for t in range(c * TPC, tl.minimum(c * TPC + TPC, NT)):
                 _band_block(lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                             x_ptr + row * stride_xb, gf_ptr + row * NG * NT, gi_ptr + row * NT,
-                            xs_ptr, is_ptr, row * CAP, tl.load(boff_ptr + row * NT + t),
-                            tl.load(ft_ptr + row * NT + t), NT, t, V, rep, pres, freq, tdiv, M,
-                            fmax, ja, jc, minp, k0, k1, CAP, TILE, E_BLOCK, HAS_REP, HAS_PF,
-                            HAS_MASK, HAS_BIAS)
+                            tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
+                            tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
+                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
+                            TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
 
 
 @triton.jit
@@ -209,42 +235,54 @@ def _band_search(xs_ptr, base, n, M, A, lo, pv, target, SB: tl.constexpr, NPIV: 
 
 
 @triton.jit
-def _band_round1(xs_ptr, base, n, M, fmax, ja, jc, target, SB: tl.constexpr,
-                 NPIV: tl.constexpr):
-    """The first round over the whole band, with no pass before it: pivots -inf (W = the
-    band's mass, snapped to its min), +inf (fails, snapped to its max) and NPIV - 2 evenly
-    between the band's bin edges in x, (Fmax - Jc) / 8 and (Fmax - Ja + 1) / 8 (an estimate's
-    grid: where they fall only decides how far the round narrows). Returns (tau's bracket
-    [lo, pv], tau lies in the band: W_band >= target > 0)."""
-    j = tl.arange(0, NPIV)
-    xl = (fmax - jc.to(tl.float32)) / BAND_S
-    xh = (fmax - ja.to(tl.float32) + 1.0) / BAND_S
-    piv = xl + (xh - xl) * j.to(tl.float32) / (NPIV - 1)
-    piv = tl.where(j == 0, float("-inf"), tl.where(j == NPIV - 1, float("inf"), piv))
-    w, nxt, prv = _pivot_pass(xs_ptr, base, n, M, piv, SB, NPIV)
-    ok = (target > 0.0) & (tl.sum(tl.where(j == 0, w, 0.0), axis=0) >= target)
-    inf = tl.full([], float("inf"), tl.float32)
-    lo, pv, _ = _pivot_update(w, w, nxt, prv, -inf, inf, target, target, NPIV, False)
-    return lo, pv, ok
+def _bucket_pick(tab, target):
+    """From the row's bucket table: b = the highest bucket whose suffix mass (buckets >= b)
+    reaches target (in fixed point: target rounded up), -1 if the band's whole mass does not;
+    and the mass A of the buckets above b (< target: tau lies in bucket b). Integer sums:
+    exact and order-free."""
+    q = tl.arange(0, NBUCK)
+    m = tl.load(tab + q)
+    tq = tl.ceil(target * FX).to(tl.int64)
+    b = tl.max(tl.where(tl.cumsum(m, 0, reverse=True) >= tq, q, -1), axis=0)
+    return b, tl.sum(tl.where(q > b, m, 0), axis=0).to(tl.float32) / FX
 
 
 @triton.jit
-def _band_shrink(xs_ptr, base, n, sx_ptr, M, lo, pv, CB: tl.constexpr):
-    """After round 1 (tau in [lo, pv]): the list's x in [lo, pv] copied to sx in list order,
-    and A = the mass of x > pv (per lane, one tree), so the later rounds' W(t) = A + the mass
-    of sx >= t scans ~1/NPIV of the band instead of all of it. Returns (count, A)."""
+def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, minp, k0, k1,
+                 CB: tl.constexpr):
+    """One finish program's slice [i0, i1) of the band list: its tokens in bucket b (where tau
+    is) copied to (sx, si) from i0 on in list order, their min and max x, and the draw over
+    the buckets above b (all kept but for min-p): per lane their kept mass (fixed point, e 2^47:
+    integer sums, the same for any slicing) and the best score (Gumbel noise by id, the lower
+    id on a tie) with its id and x, reduced once at the end (_draw_reduce). Returns (count, min,
+    max, kept mass, best, id, x)."""
     m = tl.zeros([], tl.int32)
-    a = tl.zeros([CB], tl.float32)
-    for b0 in range(0, n, CB):
+    lo = tl.full([CB], float("inf"), tl.float32)
+    hi = tl.full([CB], float("-inf"), tl.float32)
+    zq = tl.zeros([CB], tl.int64)
+    zl, sl, il, xl = _draw_init(CB)
+    for b0 in range(i0, i1, CB):
         idx = b0 + tl.arange(0, CB)
-        ok = idx < n
+        ok = idx < i1
         x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
-        sel = ok & (x >= lo) & (x <= pv)
-        pos = m + tl.cumsum(sel.to(tl.int32), 0) - 1
+        ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
+        q = _bucket(x, fmax, jc)
+        sel = ok & (q == b)
+        pos = i0 + m + tl.cumsum(sel.to(tl.int32), 0) - 1
         tl.store(sx_ptr + base + pos, x, mask=sel)
+        tl.store(si_ptr + base + pos, ids, mask=sel)
         m += tl.sum(sel.to(tl.int32), axis=0)
-        a += tl.where(ok & (x > pv), tl.exp(x - M), 0.0)
-    return m, tl.sum(a, axis=0)
+        lo = tl.minimum(lo, tl.where(sel, x, float("inf")))
+        hi = tl.maximum(hi, tl.where(sel, x, float("-inf")))
+        e = tl.exp(x - M)
+        keep = ok & (q > b) & (e >= minp)
+        zq += tl.where(keep, (e * FX).to(tl.int64), 0)
+        score = (x - M) + _gumbel(k0, k1, ids)
+        upd = keep & ((score > sl) | ((score == sl) & (ids < il)))
+        sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
+    zero = tl.zeros([], tl.float32)
+    _, best, bidx, bx = _draw_reduce(zl, sl, il, xl, zero, float("-inf"), NO_ID, zero)
+    return m, tl.min(lo, axis=0), tl.max(hi, axis=0), tl.sum(zq, axis=0), best, bidx, bx
 
 
 @triton.jit
@@ -283,24 +321,93 @@ def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     return wa, z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx, -1), bx
 
 
+# a finish program's partials (float32 [B, NSP, FP], int64 [B, 3, FP]): its bucket-b tokens' min
+# and max x, the best draw of its slice's buckets above b (score, x; id) and their kept mass
+# (fixed point), its bucket-b token count
+S_LO, S_HI, S_S, S_X = (tl.constexpr(i) for i in range(4))
+NSP = tl.constexpr(4)
+SI_ID, SI_N, SI_Z = (tl.constexpr(i) for i in range(3))
+NSPI = tl.constexpr(3)
+
+
 @triton.jit
-def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, base, NT, M, Z, p, minp, k0, k1, fmax,
-                 NT_P2: tl.constexpr, CB: tl.constexpr, SB: tl.constexpr, NPIV: tl.constexpr,
-                 SB2: tl.constexpr, NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    """The validated band answer (module docstring): (ok, Z_f, token, its x). Passes over the
-    band list: round 1, the shrink, the draw; the later rounds scan the survivors (sx)."""
-    wa, z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
+def _band_target(gf, NT, Z, p, NT_P2: tl.constexpr):
+    """target = p Z - W_above (tau lies in the band iff 0 < target <= its mass), every finish
+    program's: blocks in index order, the same tree in each."""
+    tt = tl.arange(0, NT_P2)
+    return p * Z - tl.sum(tl.load(gf + G_WA * NT + tt, mask=tt < NT, other=0.0), axis=0)
+
+
+@triton.jit
+def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, NT, M, Z, p,
+                minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
+    """Finish program s of a band row: tau's bucket b from the table (each program the same),
+    then _band_filter over its 1 / FP of the band list; its partials to (sp, spi)."""
+    b, _ = _bucket_pick(tab, _band_target(gf, NT, Z, p, NT_P2))
     n = tl.load(bi + I_N)
+    sl = (n + FP - 1) // FP
+    i0 = tl.minimum(s * sl, n)
+    m, lo, hi, z, best, bidx, bx = _band_filter(xs_ptr, is_ptr, base, i0, tl.minimum(i0 + sl, n),
+                                                sx_ptr, si_ptr, fmax, tl.load(bi + I_JC), b, M,
+                                                minp, k0, k1, CB)
+    tl.store(sp + S_LO * FP + s, lo)
+    tl.store(sp + S_HI * FP + s, hi)
+    tl.store(sp + S_S * FP + s, best)
+    tl.store(sp + S_X * FP + s, bx)
+    tl.store(spi + SI_ID * FP + s, bidx.to(tl.int64))
+    tl.store(spi + SI_N * FP + s, m.to(tl.int64))
+    tl.store(spi + SI_Z * FP + s, z)
+
+
+@triton.jit
+def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, FP: tl.constexpr,
+                           SEG: tl.constexpr):
+    """The slices' bucket-b tokens (slice s's at its own start, cnt[s] of them) copied into
+    one list at base, in slice order: [FP, SEG] tiles, one for buckets of <= SEG a slice."""
+    sl = (n + FP - 1) // FP
+    s = tl.arange(0, FP)
+    j = tl.arange(0, SEG)
+    dst = (tl.cumsum(cnt, 0) - cnt)[:, None] + j[None, :]
+    src = base + (tl.minimum(s * sl, n))[:, None] + j[None, :]
+    for j0 in range(0, tl.max(cnt, axis=0), SEG):
+        ok = (j0 + j)[None, :] < cnt[:, None]
+        x = tl.load(sx_ptr + src + j0, mask=ok, cache_modifier=".cg")
+        ids = tl.load(si_ptr + src + j0, mask=ok, cache_modifier=".cg")
+        tl.store(xs_ptr + base + dst + j0, x, mask=ok)
+        tl.store(is_ptr + base + dst + j0, ids, mask=ok)
+
+
+@triton.jit
+def _band_result(gf, gi, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, NT, M, Z, p,
+                 minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr, NPIV2: tl.constexpr,
+                 MAX_ROUNDS: tl.constexpr, FP: tl.constexpr, SEG: tl.constexpr):
+    """The row's last finish program: the slices' partials (fixed order), their bucket-b
+    tokens gathered into one list, tau on it, the draw; validated (module docstring).
+    Returns (ok, Z_f, token, its x)."""
+    wa, z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
     target = p * Z - wa
-    lo, pv, ok = _band_round1(xs_ptr, base, n, M, fmax, tl.load(bi + I_JA), tl.load(bi + I_JC),
-                              target, SB, NPIV)
+    b, A = _bucket_pick(tab, target)
+    s = tl.arange(0, FP)
+    cnt = tl.load(spi + SI_N * FP + s, cache_modifier=".cg").to(tl.int32)
+    m = tl.sum(cnt, axis=0)
+    ok = (target > 0.0) & (b >= 0) & (m > 0)
     if ok:
-        m, A = _band_shrink(xs_ptr, base, n, sx_ptr, M, lo, pv, CB)
-        lo, pv = _band_search(sx_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS - 1)
-        ok = (lo > bmax) & (lo <= amin)  # tau = lo; no tie group straddles an edge
+        _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, tl.load(bi + I_N), cnt, FP,
+                               SEG)
+        lo = tl.min(tl.load(sp + S_LO * FP + s, cache_modifier=".cg"), axis=0)
+        pv = tl.max(tl.load(sp + S_HI * FP + s, cache_modifier=".cg"), axis=0)
+        lo, pv = _band_search(xs_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS)
+        ok = (lo >= pv) & (lo > bmax) & (lo <= amin)  # tau = lo; no tie straddles an edge
         if ok:
-            z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, n, M, lo, minp, k0, k1, z_f,
-                                             best, bidx, bx, CB)
+            ss = tl.load(sp + S_S * FP + s, cache_modifier=".cg")
+            sid = tl.load(spi + SI_ID * FP + s, cache_modifier=".cg").to(tl.int32)
+            _, ks, kid, kx = _draw_reduce(tl.zeros([FP], tl.float32), ss, sid,
+                                          tl.load(sp + S_X * FP + s, cache_modifier=".cg"),
+                                          0.0, best, bidx, bx)
+            kp = tl.sum(tl.load(spi + SI_Z * FP + s, cache_modifier=".cg"), axis=0)
+            kp = kp.to(tl.float32) / FX
+            z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, minp, k0, k1,
+                                             z_f + kp, ks, kid, kx, SB2)
     return ok, z_f, bidx, bx
 
 
@@ -317,25 +424,30 @@ def _band_finish_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-    tok_ptr, logp_ptr, bf_ptr, bi_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, sx_ptr, wf_ptr,
-    rf_ptr, qf_ptr, qi_ptr,
+    tok_ptr, logp_ptr, bf_ptr, bi_ptr, tab_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, sx_ptr, si_ptr,
+    sp_ptr, spi_ptr, wf_ptr, rf_ptr, qf_ptr, qi_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
-    CB: tl.constexpr, SB: tl.constexpr, NPIV: tl.constexpr, SB2: tl.constexpr,
-    NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, SECOND: tl.constexpr = False,
+    CB: tl.constexpr, NPIV: tl.constexpr, SB2: tl.constexpr,
+    NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, FP: tl.constexpr, SEG: tl.constexpr,
+    SECOND: tl.constexpr = False,
 ):
-    """Grid (B,). For a band row: 7 words per block and the band list (once to sum, once per
-    search round, once to draw: from L2), then its token and logprob; no logits unless the band
-    failed, when it runs merge.py's _row_pass (a pass per search round + the draw pass). With
-    SECOND it is also the second read's finish (kernels/second.py) for the rows the merge
-    handed there (token -2; rf, qf, qi: that read's plan and block partials): one launch
-    fewer."""
+    """Grid (B, FP). For a band row whose plan succeeded, program s: the table (8 KB) and the
+    blocks' above masses, its 1 / FP of the band list (8 bytes a token, from L2), 7 words of
+    partials; then a ticket (an acq_rel atomic after a CTA barrier: every store of the program
+    is released before it), and the row's last program (ticket FP - 1) merges the partials,
+    gathers the bucket-b tokens, searches tau on them, draws and writes the token and logprob.
+    No logits unless the band failed, when one program runs merge.py's _row_pass (a pass per
+    search round + the draw pass). With SECOND program 0 is also the second read's finish
+    (kernels/second.py) for the rows the merge handed there (token -2; rf, qf, qi: that read's
+    plan and block partials): one launch fewer."""
     row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
     flag = tl.load(tok_ptr + row)
     if SECOND:
-        if flag == HANDED:
+        if (flag == HANDED) & (s == 0):
             _finish_sampled(row, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2)
     if flag == BAND_ROW:
         T, rep, pres, freq, tdiv = _row_scale(
@@ -348,24 +460,35 @@ def _band_finish_kernel(
         M = tl.load(bf_ptr + row * NBF + B_M)
         Z = tl.load(bf_ptr + row * NBF + B_Z)
         k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
-        ok = tl.load(bi_ptr + row * NBI + I_OK) != 0
+        birow = bi_ptr + row * NBI
+        ok = tl.load(birow + I_OK) != 0
+        last = s == 0
         z_f = tl.zeros([], tl.float32)
         bidx = row * 0 - 1
         bx = tl.zeros([], tl.float32)
+        gfrow, sprow = gf_ptr + row * NG * NT, sp_ptr + row * NSP * FP
+        spirow = spi_ptr + row * NSPI * FP
         if ok:
-            ok, z_f, bidx, bx = _band_result(
-                gf_ptr + row * NG * NT, gi_ptr + row * NT, bi_ptr + row * NBI,
-                xs_ptr, is_ptr, sx_ptr, row * CAP, NT, M, Z, p, minp, k0, k1,
-                tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, SB, NPIV, SB2, NPIV2,
-                MAX_ROUNDS)
-        if ~ok:
-            lrow = logits_ptr + row * stride_lb
-            no = tl.zeros([], tl.int1)
-            _, _, z_f, _, bidx, bx = _row_pass(
-                lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT, x_ptr + row * stride_xb,
-                lrow, NT, V, rep, pres, freq, tdiv, M, Z, _row_lmin(wf_ptr + row * NF * NT, NT, NT_P2),
-                row * 0, p, minp, no, ~no, no, M, M * 0.0, M * 0.0, M * 0.0, k0, k1, M * 0.0,
-                tl.full([], float("-inf"), tl.float32), row * 0 - 1, M * 0.0, TILE, E_BLOCK,
-                NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, False, False)
-        tl.store(tok_ptr + row, bidx)
-        tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))
+            _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr, sx_ptr, si_ptr,
+                        sprow, spirow, row * CAP, s, NT, M, Z, p, minp, k0, k1,
+                        tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, FP)
+            tl.debug_barrier()
+            last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == FP - 1
+            if last:
+                ok, z_f, bidx, bx = _band_result(
+                    gfrow, gi_ptr + row * NT, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
+                    sx_ptr, si_ptr, sprow, spirow, row * CAP, NT, M, Z, p, minp, k0, k1, NT_P2,
+                    SB2, NPIV2, MAX_ROUNDS, FP, SEG)
+        if last:
+            if ~ok:
+                lrow = logits_ptr + row * stride_lb
+                no = tl.zeros([], tl.int1)
+                _, _, z_f, _, bidx, bx = _row_pass(
+                    lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
+                    x_ptr + row * stride_xb, lrow, NT, V, rep, pres, freq, tdiv, M, Z,
+                    _row_lmin(wf_ptr + row * NF * NT, NT, NT_P2), row * 0, p, minp, no, ~no, no,
+                    M, M * 0.0, M * 0.0, M * 0.0, k0, k1, M * 0.0,
+                    tl.full([], float("-inf"), tl.float32), row * 0 - 1, M * 0.0, TILE,
+                    E_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, False, False)
+            tl.store(tok_ptr + row, bidx)
+            tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))

@@ -12,9 +12,10 @@ from the prefix counts; per-block offsets = the exclusive cumsum of the blocks' 
 The band fails (the row pass, in the band finish) when Jb alone holds more than CAP tokens or
 Fmax is not finite.
 
-Reads 2 NT NBIN bytes of counts twice and 4 NT bytes of F_t (from L2); writes 3 floats and 4
-ints per row, 4 bytes per block. (A launch of its own until the twelfth session: folded into
-the merge, which has M and Z, it saves a launch on every call compiled for the band read.)
+Reads 2 NT NBIN bytes of counts twice and 4 NT bytes of F_t (from L2); writes 3 floats and 5
+ints per row, 4 bytes per block, and resets the row's bucket table (8 KB). (A launch of its own
+until the twelfth session: folded into the merge, which has M and Z, it saves a launch on every
+call compiled for the band read.)
 """
 import triton
 import triton.language as tl
@@ -22,12 +23,13 @@ import triton.language as tl
 from .common import BAND_S, NBIN, _band_shift
 
 # a row the merge hands to the band read is flagged with token BAND_ROW; its plan: float32
-# [B, NBF] (M, Z, Fmax) and int32 [B, NBI] (band found, its row bins [Ja, Jc], its token count)
+# [B, NBF] (M, Z, Fmax) and int32 [B, NBI] (band found, its row bins [Ja, Jc], its token count,
+# the finish's ticket counter: its programs of the row that are done)
 BAND_ROW = tl.constexpr(-3)
 B_M, B_Z, B_FMAX = (tl.constexpr(i) for i in range(3))
 NBF = tl.constexpr(3)
-I_OK, I_JA, I_JC, I_N = (tl.constexpr(i) for i in range(4))
-NBI = tl.constexpr(4)
+I_OK, I_JA, I_JC, I_N, I_TICK = (tl.constexpr(i) for i in range(5))
+NBI = tl.constexpr(5)
 # the plan's window of row bins: J < JW, 32 units of x below the row's top bin (a bin past it
 # is estimated at most V e^-32 of Z: never the boundary for V < 2^22 at any fp32 p < 1)
 JW = tl.constexpr(256)
@@ -35,6 +37,15 @@ JW = tl.constexpr(256)
 GW = tl.constexpr(32)
 # 8 (e^(1/8) - 1): a bin's mass over its lower edge's e^(x - M), uniform density
 BIN_MASS = tl.constexpr(1.0651876887826498)
+# the band's bucket table (kernels/band.py), int64 [B, NBUCK]: bucket q = floor(x QR) - qb,
+# clamped to [0, NBUCK), qb = floor(x_lo QR) - Q_SLACK with x_lo the band's lower bin edge in
+# x (a band of GROW + 1 bins spans 17 / 8 units of x: NBUCK / QR = 4); per bucket the
+# fixed-point mass of its tokens (e 2^47, e <= 1, truncated: integer sums, the same in any
+# order). The plan resets a row's table: the gather's atomics add to it.
+NBUCK = tl.constexpr(1024)
+QR = tl.constexpr(256.0)
+Q_SLACK = tl.constexpr(64.0)
+FX = tl.constexpr(140737488355328.0)  # 2^47: CAP < 2^16 tokens of e <= 1 sum below 2^63
 
 
 @triton.jit
@@ -114,10 +125,11 @@ GROW = tl.constexpr(16)
 
 
 @triton.jit
-def _plan_row(hrow, frow, orow, bfrow, birow, NT, CAP, M, Z, p, NT_P2: tl.constexpr):
+def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p,
+              NT_P2: tl.constexpr):
     """Plan one band row (module docstring) from its counts hrow [NT, NBIN] and tops frow [NT],
     with the merge's M and Z: writes the block offsets (orow), (M, Z, Fmax) and (ok, Ja, Jc,
-    count)."""
+    count), and resets the row's bucket table (tabrow [NBUCK])."""
     tt = tl.arange(0, NT_P2)
     fmax = tl.max(tl.load(frow + tt, mask=tt < NT, other=float("-inf")), axis=0)
     cnt = _row_counts(hrow, frow, NT, fmax, TB)
@@ -132,3 +144,6 @@ def _plan_row(hrow, frow, orow, bfrow, birow, NT, CAP, M, Z, p, NT_P2: tl.conste
     tl.store(birow + I_JA, ja)
     tl.store(birow + I_JC, jc)
     tl.store(birow + I_N, n)
+    tl.store(birow + I_TICK, 0)
+    q = tl.arange(0, NBUCK)
+    tl.store(tabrow + q, tl.zeros([NBUCK], tl.int64))

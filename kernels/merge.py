@@ -26,7 +26,7 @@ rows whose band fails validation.
 import triton
 import triton.language as tl
 
-from .band_plan import BAND_ROW, NBF, NBI, _plan_row
+from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
                      _best, _better, _cand_id, _cand_x, _gumbel, _head, _param, _penalised_tile,
                      _pivot_init, _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key,
@@ -348,7 +348,7 @@ def _merge_kernel(
     wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr, rf_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
-    hb_ptr, ft_ptr, bf_ptr, bi_ptr, boff_ptr,
+    hb_ptr, ft_ptr, bf_ptr, bi_ptr, boff_ptr, tab_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -696,7 +696,8 @@ def _merge_kernel(
             fallback = fallback & (~fallback)
             bidx = bidx * 0 + BAND_ROW
             _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
-                      bf_ptr + row * NBF, bi_ptr + row * NBI, NT, NT * KT, M, Z, p, NT_P2)
+                      bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
+                      NT * KT, M, Z, p, NT_P2)
     if fallback:
         M, tau, z_f, best, bidx, bx = _row_pass(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,

@@ -18,7 +18,8 @@ workspace per (B, V, L):
     kernels/band.py     _band_gather_kernel     grid (B, C)   the second read of top-p rows (no
                                                               top-k) the merge hands over with their
                                                               band plan: above / band / below
-    kernels/band.py     _band_finish_kernel     grid (B,)     validate, tau on the band, draw (or the
+    kernels/band.py     _band_finish_kernel     grid (B, FP)  tau's bucket, the list in FP slices;
+                                                              the last program: tau, draw (or the
                                                               merge's row pass if the band failed)
     kernels/merge.py    _write_probs_kernel     grid (B, C)   sampling_distribution only
     kernels/residual.py _residual_kernel        grid (B, C')  speculative verification against
@@ -42,8 +43,8 @@ import triton
 from .common import NBIN
 from .history import _bucket_history_kernel
 from .launch import edit_table, log_alpha, next_pow2, split_param
-from .band import NG, _band_finish_kernel, _band_gather_kernel
-from .band_plan import NBF, NBI
+from .band import NG, NSP, NSPI, _band_finish_kernel, _band_gather_kernel
+from .band_plan import NBF, NBI, NBUCK
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .residual import NP, NPI, _residual_finish, _residual_kernel
 from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
@@ -162,6 +163,7 @@ class _Call:
     fuse: bool = False      # one gather launch for the second read and the band read: a call
                             # with both whose gather fits one wave at 72 registers (B <= 7 at
                             # V = 128256, from the planned batch)
+    fp: int = 16            # band finish programs per row (_band_programs, the planned batch)
 
     def flags(self, *names):
         """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
@@ -418,16 +420,21 @@ def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
     g, L = c.g, c.logits
     B, NT, dev = L.shape[0], g["NT"], L.device
     cap = NT * g["KT"]  # the merge's list workspaces, free once it is done, hold the band
-    _, ft, bf, bi, boff = band
+    _, ft, bf, bi, boff, tab = band
     gf = _workspace((B, NG.value, NT), torch.float32, dev)
     gi = _workspace((B, NT), torch.int32, dev)
-    sx = _workspace((B, cap), torch.float32, dev)  # the finish's shrunk search list
+    # the finish's search list: the band's tokens in tau's bucket (x, id)
+    sx, si = _workspace((B, cap), torch.float32, dev), _workspace((B, cap), torch.int32, dev)
+    # the finish programs' partials
+    fp = c.fp
+    sp = _workspace((B, NSP.value * fp), torch.float32, dev)
+    spi = _workspace((B, NSPI.value * fp), torch.int64, dev)
     sq = (second.rf, second.qf, second.qi) if second else (L, L, L)
     both = second if second and second.gather else None
     _band_gather_kernel[(B, g["C"])](
         L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
-        gf, gi, *xs, *sq,
+        tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         num_warps=c.num_warps, SECOND=both is not None, **_gather_regs(c, both),
         **_band_const(c))
@@ -436,13 +443,30 @@ def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
     # pivot partials, the later rounds over the survivors [256, 16] (22.8 against 23.2 us)
     warps = 8 if g["TILE"] >= 1024 else 4
-    _band_finish_kernel[(B,)](
+    _band_finish_kernel[(B, fp)](
         L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
-        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, gf,
-        gi, *xs, sx, wf, *sq, **c.flags("topp", "minp", "seed", "off"),
-        HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=1024, SB=512, NPIV=npiv, SB2=256,
-        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, SECOND=second is not None and not c.top.state,
+        *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, tab,
+        gf, gi, *xs, sx, si, sp, spi, wf, *sq, **c.flags("topp", "minp", "seed", "off"),
+        HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=512, NPIV=npiv, SB2=256,
+        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, FP=fp, SEG=64,
+        SECOND=second is not None and not c.top.state,
         num_warps=warps, **_regs(MERGE_REGS), **_band_const(c))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _band_programs(B, dev):
+    """The band finish's programs per row (a power of 2, <= 16): one wave of its 2 CTAs per SM
+    (8 warps, ~124 registers) over the batch. Its sums are fixed point, so the answer does not
+    depend on it."""
+    sms = _sm_count(dev.index or 0) if dev.type == "cuda" else 132
+    fp = 16
+    while fp > 1 and B * fp > 2 * sms:
+        fp //= 2
+    return fp
 
 
 def _gather_regs(c, second=None):
@@ -587,7 +611,8 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
     # stage 1: small programs, 8 resident per SM at <= 64 registers
     return _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands,
                  wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs,
-                 second and bands and (plan_batch or B) * g["C"] <= STATS_SLOTS_PF)
+                 second and bands and (plan_batch or B) * g["C"] <= STATS_SLOTS_PF,
+                 _band_programs(plan_batch or B, logits.device))
 
 
 def _stage1_budget(top_n, reuse, per_row, wide):
@@ -610,17 +635,19 @@ class _BandWork(NamedTuple):
     bf: torch.Tensor
     bi: torch.Tensor
     boff: torch.Tensor
+    tab: torch.Tensor
 
 
 def _band_work(c):
     B, NT, dev = c.logits.shape[0], c.g["NT"], c.logits.device
     if not c.bands:
-        return _BandWork(*(c.logits,) * 5)
+        return _BandWork(*(c.logits,) * 6)
     return _BandWork(_workspace((B, NT, NBIN.value), torch.int16, dev),
                      _workspace((B, NT), torch.float32, dev),
                      _workspace((B, NBF.value), torch.float32, dev),
                      _workspace((B, NBI.value), torch.int32, dev),
-                     _workspace((B, NT), torch.int32, dev))
+                     _workspace((B, NT), torch.int32, dev),
+                     _workspace((B, NBUCK.value), torch.int64, dev))
 
 
 def _run(c, write_probs, npiv, max_rounds, residual=None):

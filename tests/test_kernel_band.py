@@ -59,6 +59,30 @@ def test_band_rows_read_twice_and_match_twin(monkeypatch):
     assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
 
 
+def test_band_finish_programs_do_not_change_the_answer(monkeypatch):
+    """The finish splits each band row's list over 1 to 16 programs (fewer at large batches:
+    sampling._band_programs) and its last program merges them: tokens and logprobs are the
+    same bits for every split (fixed-point kept masses, slices in list order), including a
+    row whose tau sits in a bucket of tied values (logits on a 1/16 grid) and a min-p row."""
+    from test_kernel_v2 import _ks
+    g = torch.Generator().manual_seed(66)
+    V = 3001
+    x = torch.randn(3, V, generator=g)
+    x[1] = torch.round(x[1] * 16) / 16
+    kw = dict(temperature=torch.tensor([1.0, 1.0, 0.7]), top_p=torch.tensor([0.95, 0.9, 0.9]),
+              min_p=torch.tensor([0.0, 0.0, 0.02]), seed=torch.arange(3) + 5, offset=1)
+    out = {}
+    for fp in (1, 4, 16):
+        monkeypatch.setattr(_ks(), "_band_programs", lambda B, dev, fp=fp: fp)  # at _setup
+        reads = KernelReads(x, monkeypatch)
+        out[fp] = _run(x, **GEOM, **kw)
+        assert reads.grids["_band_finish_kernel"][1] == fp
+        assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no band failed
+    _check(x, kw, *out[16])
+    for fp in (1, 4):
+        assert torch.equal(out[fp][0], out[16][0]) and torch.equal(out[fp][1], out[16][1])
+
+
 @pytest.mark.slow  # 14 s; the default run keeps bf16 band rows in test_kernel_speculative.py
 def test_band_per_row_mix_bf16(monkeypatch):
     """Per-row tensors mixing greedy, top-k, top-p, top-p + min-p and min-p rows on bf16 logits:
