@@ -184,14 +184,22 @@ def _draw_lanes(x, ids, keep, M, k0, k1, zl, sl, il, xl):
 @triton.jit
 def _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx):
     """Fold the lanes of _draw_lanes into (Z_f, best score, token, its x): Z_f += one tree
-    over the lanes (a fixed order), the best score with the lowest id on ties."""
+    over the lanes (a fixed order), the best as _best_lane."""
+    best, bidx, bx = _best_lane(sl, il, xl, best, bidx, bx)
+    return z_f + tl.sum(zl, axis=0), best, bidx, bx
+
+
+@triton.jit
+def _best_lane(sl, il, xl, best, bidx, bx):
+    """Fold per-lane winners (score, id, x) into (best score, token, its x): the best score
+    with the lowest id on ties."""
     tb = tl.max(sl, axis=0)
     tid = tl.min(tl.where(sl == tb, il, 2147483647), axis=0)
     upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
     bidx = tl.where(upd, tid.to(tl.int64), bidx)
     bx = tl.where(upd, tl.max(tl.where((sl == tb) & (il == tid), xl, float("-inf")), axis=0),
                   bx)
-    return z_f + tl.sum(zl, axis=0), tl.maximum(best, tb), bidx, bx
+    return tl.maximum(best, tb), bidx, bx
 
 
 @triton.jit
@@ -260,7 +268,7 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
     lo = tl.full([CB], float("inf"), tl.float32)
     hi = tl.full([CB], float("-inf"), tl.float32)
     zq = tl.zeros([CB], tl.int64)
-    zl, sl, il, xl = _draw_init(CB)
+    _, sl, il, xl = _draw_init(CB)
     for b0 in range(i0, i1, CB):
         idx = b0 + tl.arange(0, CB)
         ok = idx < i1
@@ -280,8 +288,7 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
         score = (x - M) + _gumbel(k0, k1, ids)
         upd = keep & ((score > sl) | ((score == sl) & (ids < il)))
         sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
-    zero = tl.zeros([], tl.float32)
-    _, best, bidx, bx = _draw_reduce(zl, sl, il, xl, zero, float("-inf"), NO_ID, zero)
+    best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))
     return m, tl.min(lo, axis=0), tl.max(hi, axis=0), tl.sum(zq, axis=0), best, bidx, bx
 
 
@@ -307,7 +314,7 @@ def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     mass, min x above, max x below, best score, its token, its x), blocks in index order."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
-    wa = tl.sum(tl.load(gf + G_WA * NT + tt, mask=tin, other=0.0), axis=0)
+    wa = _above_mass(gf, NT, NT_P2)
     z_f = tl.sum(tl.load(gf + G_WK * NT + tt, mask=tin, other=0.0), axis=0)
     amin = tl.min(tl.load(gf + G_AMIN * NT + tt, mask=tin, other=float("inf")), axis=0)
     bmax = tl.max(tl.load(gf + G_BMAX * NT + tt, mask=tin, other=float("-inf")), axis=0)
@@ -331,11 +338,11 @@ NSPI = tl.constexpr(3)
 
 
 @triton.jit
-def _band_target(gf, NT, Z, p, NT_P2: tl.constexpr):
-    """target = p Z - W_above (tau lies in the band iff 0 < target <= its mass), every finish
-    program's: blocks in index order, the same tree in each."""
+def _above_mass(gf, NT, NT_P2: tl.constexpr):
+    """W_above: the blocks' masses above the band, in block order (one tree, the same in every
+    finish program)."""
     tt = tl.arange(0, NT_P2)
-    return p * Z - tl.sum(tl.load(gf + G_WA * NT + tt, mask=tt < NT, other=0.0), axis=0)
+    return tl.sum(tl.load(gf + G_WA * NT + tt, mask=tt < NT, other=0.0), axis=0)
 
 
 @triton.jit
@@ -343,7 +350,7 @@ def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, N
                 minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
     """Finish program s of a band row: tau's bucket b from the table (each program the same),
     then _band_filter over its 1 / FP of the band list; its partials to (sp, spi)."""
-    b, _ = _bucket_pick(tab, _band_target(gf, NT, Z, p, NT_P2))
+    b, _ = _bucket_pick(tab, p * Z - _above_mass(gf, NT, NT_P2))
     n = tl.load(bi + I_N)
     sl = (n + FP - 1) // FP
     i0 = tl.minimum(s * sl, n)
@@ -401,9 +408,8 @@ def _band_result(gf, gi, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base,
         if ok:
             ss = tl.load(sp + S_S * FP + s, cache_modifier=".cg")
             sid = tl.load(spi + SI_ID * FP + s, cache_modifier=".cg").to(tl.int32)
-            _, ks, kid, kx = _draw_reduce(tl.zeros([FP], tl.float32), ss, sid,
-                                          tl.load(sp + S_X * FP + s, cache_modifier=".cg"),
-                                          0.0, best, bidx, bx)
+            ks, kid, kx = _best_lane(ss, sid, tl.load(sp + S_X * FP + s, cache_modifier=".cg"),
+                                     best, bidx, bx)
             kp = tl.sum(tl.load(spi + SI_Z * FP + s, cache_modifier=".cg"), axis=0)
             kp = kp.to(tl.float32) / FX
             z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, minp, k0, k1,
