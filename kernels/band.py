@@ -59,8 +59,8 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_Z, BAND_ROW, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _gumbel, _param, _penalised_tile,
-                     _pivot_update, _pivots, _row_key, _row_scale)
+from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _gumbel, _maxmin_combine, _param,
+                     _penalised_tile, _pivot_update, _pivots, _row_key, _row_scale)
 from .merge import _row_pass
 from .second import HANDED, _finish_sampled, _gather_program
 from .stats import F_LO, NF
@@ -224,7 +224,8 @@ def _pivot_pass(xs_ptr, base, n, M, piv, SB: tl.constexpr, NPIV: tl.constexpr):
         mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
         nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
         prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
-    return tl.sum(mass, axis=0), tl.min(nxt, axis=0), tl.max(prv, axis=0)
+    prv, nxt = tl.reduce((prv, nxt), 0, _maxmin_combine)  # one exchange for both
+    return tl.sum(mass, axis=0), nxt, prv
 
 
 @triton.jit

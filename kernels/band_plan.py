@@ -53,17 +53,35 @@ def _row_counts(hrow, frow, NT, fmax, TB: tl.constexpr):
     """The row's token count per row bin J < JW, one pass over the [NT, NBIN] counts (2 NT NBIN
     bytes from L2): block t's bin j is row bin J = j + shift_t, so each chunk of TB blocks
     loads h[t, J - shift_t] for every J of the window, a gather load: no scatter-add (the
-    first plan re-read the counts once per bisection step and per grow step, 25 passes)."""
-    J = tl.arange(0, JW)
+    first plan re-read the counts once per bisection step and per grow step, 25 passes).
+    The next chunk's counts and the one after's tops are in flight while a chunk is summed
+    (the merge's one program per row waits on every load)."""
     cnt = tl.zeros([JW], tl.int32)
-    for t0 in range(0, NT, TB):
-        tb = t0 + tl.arange(0, TB)
-        F = tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
-        j = J[None, :] - _band_shift(fmax, F)[:, None]
-        ok = (tb < NT)[:, None] & (j >= 0) & (j < NBIN)
-        h = tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0)
+    h = _chunk_counts(hrow, NT, fmax, _chunk_tops(frow, NT, 0, TB), 0, TB)
+    F = _chunk_tops(frow, NT, TB, TB)
+    for t0 in range(TB, NT + TB, TB):
+        h_n = _chunk_counts(hrow, NT, fmax, F, t0, TB)
+        F = _chunk_tops(frow, NT, t0 + TB, TB)
         cnt += tl.sum(h.to(tl.int32), axis=0)
+        h = h_n
     return cnt
+
+
+@triton.jit
+def _chunk_tops(frow, NT, t0, TB: tl.constexpr):
+    """F_t of blocks [t0, t0 + TB) (-inf past NT)."""
+    tb = t0 + tl.arange(0, TB)
+    return tl.load(frow + tb, mask=tb < NT, other=float("-inf"))
+
+
+@triton.jit
+def _chunk_counts(hrow, NT, fmax, F, t0, TB: tl.constexpr):
+    """Blocks [t0, t0 + TB)'s counts at every row bin J < JW: h[t, J - shift_t], 0 outside."""
+    J = tl.arange(0, JW)
+    tb = t0 + tl.arange(0, TB)
+    j = J[None, :] - _band_shift(fmax, F)[:, None]
+    ok = (tb < NT)[:, None] & (j >= 0) & (j < NBIN)
+    return tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0)
 
 
 @triton.jit

@@ -379,15 +379,22 @@ def _pivots(lo, pv, NPIV: tl.constexpr):
 
 
 @triton.jit
+def _maxmin_combine(m1, l1, m2, l2):
+    """(max, min) of two operands in one reduction: one cross-warp exchange for both."""
+    return tl.maximum(m1, m2), tl.minimum(l1, l2)
+
+
+@triton.jit
 def _pivot_partials(x, e, piv, cnt, mass, nxt, prv, USE_COUNT: tl.constexpr):
     """Accumulate, per pivot t: #{x >= t}, sum_{x >= t} e, min{x >= t}, max{x < t}."""
     ge = x[:, None] >= piv[None, :]
     if USE_COUNT:
         cnt += tl.sum(ge.to(tl.float32), axis=0)
     mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
-    nxt = tl.minimum(nxt, tl.min(tl.where(ge, x[:, None], float("inf")), axis=0))
-    prv = tl.maximum(prv, tl.max(tl.where(ge, float("-inf"), x[:, None]), axis=0))
-    return cnt, mass, nxt, prv
+    # max x < t and min x >= t in one reduction (one cross-warp exchange for both)
+    below, above = tl.reduce((tl.where(ge, float("-inf"), x[:, None]),
+                              tl.where(ge, x[:, None], float("inf"))), 0, _maxmin_combine)
+    return cnt, mass, tl.minimum(nxt, above), tl.maximum(prv, below)
 
 
 @triton.jit

@@ -28,9 +28,9 @@ import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
-                     _best, _better, _cand_id, _cand_x, _gumbel, _head, _param, _penalised_tile,
-                     _pivot_init, _pivot_partials, _pivot_update, _pivots, _pure_row, _row_key,
-                     _row_scale, _tempered)
+                     _best, _better, _cand_id, _cand_x, _gumbel, _head, _maxmin_combine, _param,
+                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
+                     _pure_row, _row_key, _row_scale, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
@@ -44,25 +44,49 @@ def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.c
     hold xp (stage 1 works before the temperature); x = xp / T here. Stage 1 writes a block's
     first ncand_t slots only: the rest (and every slot of a block the merge emptied, CD) is
     masked, never read."""
-    idx = b0 + tl.arange(0, CB)
-    nb = tl.gather(ncand_t, tl.minimum(idx // KT, NT_P2 - 1), 0)
-    ok = (idx < NT * KT) & (idx % KT < nb)
-    v = tl.load(cand_ptr + row * NT * KT + idx, mask=ok, other=EMPTY_SLOT)
+    ok, v = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
     return ok, _cand_x(v) / tdiv, _cand_id(v)
 
 
 @triton.jit
-def _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT: tl.constexpr,
+def _slot_load(cand_ptr, row, NT, b0, ncand_t, KT: tl.constexpr, CB: tl.constexpr,
+               NT_P2: tl.constexpr):
+    """_slot_block's load alone: (candidate mask, packed slots). A loop issues the next
+    block's load before it decodes this one, so the L2 latency overlaps the work (one
+    program per row waits on every load)."""
+    idx = b0 + tl.arange(0, CB)
+    nb = tl.gather(ncand_t, tl.minimum(idx // KT, NT_P2 - 1), 0)
+    ok = (idx < NT * KT) & (idx % KT < nb)
+    return ok, tl.load(cand_ptr + row * NT * KT + idx, mask=ok, other=EMPTY_SLOT)
+
+
+@triton.jit
+def _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT: tl.constexpr,
                    CB: tl.constexpr, NT_P2: tl.constexpr):
     """CB candidate slots from slot b0 of the blocks listed first in ``order`` (nreach of
-    them, ascending; each entry block * 2^16 + its candidate count): (candidate mask, x, token
-    ids)."""
+    them, ascending; each entry block * 2^16 + its candidate count): (candidate mask, packed
+    slots), loaded a loop step ahead as _slot_load."""
     lane = b0 + tl.arange(0, CB)
     e = tl.gather(order, tl.minimum(lane // KT, NT_P2 - 1), 0)
     ok = (lane < nreach * KT) & (lane % KT < (e & 0xFFFF))
     slot = (row * NT + (e >> 16).to(tl.int64)) * KT + lane % KT
-    v = tl.load(cand_ptr + slot, mask=ok, other=EMPTY_SLOT)
-    return ok, _cand_x(v) / tdiv, _cand_id(v)
+    return ok, tl.load(cand_ptr + slot, mask=ok, other=EMPTY_SLOT)
+
+
+@triton.jit
+def _reached_order(reach, key, NT_P2: tl.constexpr):
+    """key[t] of the reached blocks in block order (entry j: the j-th reached block; entries
+    past their count are unused). Rank j's block is the number of blocks whose inclusive
+    count of reached blocks is <= j: a binary search over that count, log2(NT_P2) gathers
+    (tl.sort of the keys, a bitonic network, was twice as long in the row's one program)."""
+    incl = tl.cumsum(reach.to(tl.int32), 0)
+    j = tl.arange(0, NT_P2)
+    t = tl.zeros([NT_P2], tl.int32)
+    for s in tl.static_range(1, 15):
+        if (NT_P2 >> s) > 0:
+            probe = t + (NT_P2 >> s) - 1
+            t = tl.where(tl.gather(incl, probe, 0) <= j, t + (NT_P2 >> s), t)
+    return tl.gather(key, tl.minimum(t, NT_P2 - 1), 0)
 
 
 @triton.jit
@@ -169,7 +193,8 @@ def _lane_partials(xs_ptr, base, n, M, piv, USE_COUNT: tl.constexpr, CB: tl.cons
         mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
         nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
         prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
-    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.min(nxt, axis=0), tl.max(prv, axis=0)
+    prv, nxt = tl.reduce((prv, nxt), 0, _maxmin_combine)  # one exchange for both
+    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), nxt, prv
 
 
 @triton.jit
@@ -238,14 +263,17 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
 
 
 @triton.jit
-def _row_mz(wfrow, NT, tt, tin):
-    """The blocks' maxima m_t and the row's M = max m_t, Z = sum z_t e^(m_t - M) (a fixed
-    tree over block indices: the same for any chunk count and batch)."""
-    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
+def _max_max_min(a1, b1, c1, a2, b2, c2):
+    """(max, max, min) of three operands in one reduction."""
+    return tl.maximum(a1, a2), tl.maximum(b1, b2), tl.minimum(c1, c2)
+
+
+@triton.jit
+def _row_z(wfrow, NT, tt, tin, m_t, M):
+    """Z = sum z_t e^(m_t - M) over the blocks (a fixed tree over block indices: the same for
+    any chunk count and batch)."""
     z_t = tl.load(wfrow + F_Z * NT + tt, mask=tin, other=0.0)
-    M = tl.max(m_t, axis=0)
-    Z = tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
-    return m_t, M, Z
+    return tl.sum(tl.where(m_t > float("-inf"), z_t * tl.exp(m_t - M), 0.0), axis=0)
 
 
 @triton.jit
@@ -435,14 +463,18 @@ def _merge_kernel(
         tl.debug_barrier()  # the block partials above are read back by other threads below
 
     # ---- merge the block partials, in block order ---------------------------------------------
-    m_t, M, Z = _row_mz(wfrow, NT, tt, tin)
-    lmin = tl.min(tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf")), axis=0)
-    G = tl.max(tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")), axis=0)
-    ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
+    # M, G and lmin in one reduction: one cross-warp exchange where the row's one program
+    # waited on three (folding the counts in too spilled the per-row variants)
+    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
+    M, G, lmin = tl.reduce(
+        (m_t, tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")),
+         tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))), 0, _max_max_min)
     nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
     npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
     npos = tl.sum(npos_t, axis=0)
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
+    Z = _row_z(wfrow, NT, tt, tin, m_t, M)
+    ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
 
     # max xp and its first index. Greedy rows have x = xp: max xp is M, or +inf. Rows with
     # +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to -inf) find max xp
@@ -546,10 +578,12 @@ def _merge_kernel(
         LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
         use_lbk = k_act & (k <= NT)
         if (k_act | p_act) & (~use_lbk):
-            for b0 in range(0, NT * KT, CB):
-                ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
-                d = tl.minimum((M - x) * INV_W, NB - 1)
+            ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
+            for b0 in range(CB, NT * KT + CB, CB):
+                ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
+                d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
+                ok, v = ok_n, v_n
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
         LB = tl.where(use_lbk, LBk, LB)
         if HAS_MINP:
@@ -599,14 +633,15 @@ def _merge_kernel(
         reach = tin & (m_t >= LB) & (m_t > float("-inf")) & (listed > 0)
         nreach = tl.sum(reach.to(tl.int32), axis=0)
         if nreach > 0:
-            # one sorted key carries each block and its count: one gather a slot
+            # one key carries each block and its count: one gather a slot
             tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
-            order = tl.sort(tl.where(reach, tt, NT_P2 + tt) * 65536 + ncand_t)
-            for b0 in range(0, nreach * KT, CS):
-                ok, x, ids = _reached_slots(cand_ptr, row, NT, order, nreach, b0, tdiv, KT, CS,
-                                            NT_P2)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, x, ids, LB, M, n_c, vmin,
-                                            vmass)
+            order = _reached_order(reach, tt * 65536 + ncand_t, NT_P2)
+            ok, v = _reached_slots(cand_ptr, row, NT, order, nreach, 0, KT, CS, NT_P2)
+            for b0 in range(CS, nreach * KT + CS, CS):
+                ok_n, v_n = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CS, NT_P2)
+                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, _cand_x(v) / tdiv,
+                                            _cand_id(v), LB, M, n_c, vmin, vmass)
+                ok, v = ok_n, v_n
         cmin = tl.min(vmin, axis=0)
         cmass = tl.sum(vmass, axis=0)
         full = tl.zeros([], dtype=tl.int1)

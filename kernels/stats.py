@@ -40,8 +40,8 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _gumbel_fast, _pack_cand, _param, _penalised_tile,
-                     _pure_row, _row_key, _row_scale)
+from .common import (BAND_S, NBIN, _band_bin, _gumbel_fast, _maxmin_combine, _pack_cand, _param,
+                     _penalised_tile, _pure_row, _row_key, _row_scale)
 from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
@@ -55,11 +55,6 @@ NI = tl.constexpr(5)
 # (kernels/merge.py, "pure temperature")
 DRAW_SLACK = tl.constexpr(2.0 ** -20)
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _maxmin_combine(m1, l1, m2, l2):
-    return tl.maximum(m1, m2), tl.minimum(l1, l2)
 
 
 @triton.jit
