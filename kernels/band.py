@@ -192,14 +192,18 @@ def _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx):
 @triton.jit
 def _best_lane(sl, il, xl, best, bidx, bx):
     """Fold per-lane winners (score, id, x) into (best score, token, its x): the best score
-    with the lowest id on ties."""
-    tb = tl.max(sl, axis=0)
-    tid = tl.min(tl.where(sl == tb, il, 2147483647), axis=0)
+    with the lowest id on ties, in one reduction (_first_best)."""
+    tb, tid, tx = tl.reduce((sl, il, xl), 0, _first_best)
     upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
-    bidx = tl.where(upd, tid.to(tl.int64), bidx)
-    bx = tl.where(upd, tl.max(tl.where((sl == tb) & (il == tid), xl, float("-inf")), axis=0),
-                  bx)
-    return tl.maximum(best, tb), bidx, bx
+    return tl.maximum(best, tb), tl.where(upd, tid.to(tl.int64), bidx), tl.where(upd, tx, bx)
+
+
+@triton.jit
+def _first_best(s1, i1, x1, s2, i2, x2):
+    """The draw's order as a reduction: the larger score, on a tie the lower id, with its x
+    (ids are distinct but for empty lanes, which share x)."""
+    first = (s1 > s2) | ((s1 == s2) & (i1 < i2))
+    return tl.where(first, s1, s2), tl.where(first, i1, i2), tl.where(first, x1, x2)
 
 
 @triton.jit
@@ -248,12 +252,21 @@ def _bucket_pick(tab, target):
     """From the row's bucket table: b = the highest bucket whose suffix mass (buckets >= b)
     reaches target (in fixed point: target rounded up), -1 if the band's whole mass does not;
     and the mass A of the buckets above b (< target: tau lies in bucket b). Integer sums:
-    exact and order-free."""
+    exact and order-free. A (the suffix at b less bucket b) comes out of the same reduction
+    as b; with b = -1 the row fails and A is not used."""
     q = tl.arange(0, NBUCK)
     m = tl.load(tab + q)
     tq = tl.ceil(target * FX).to(tl.int64)
-    b = tl.max(tl.where(tl.cumsum(m, 0, reverse=True) >= tq, q, -1), axis=0)
-    return b, tl.sum(tl.where(q > b, m, 0), axis=0).to(tl.float32) / FX
+    suf = tl.cumsum(m, 0, reverse=True)
+    b, a = tl.reduce((tl.where(suf >= tq, q, -1), suf - m), 0, _last_bucket)
+    return b, a.to(tl.float32) / FX
+
+
+@triton.jit
+def _last_bucket(q1, a1, q2, a2):
+    """(the larger bucket, its value) as a reduction (buckets are distinct but for -1)."""
+    first = q1 >= q2
+    return tl.where(first, q1, q2), tl.where(first, a1, a2)
 
 
 @triton.jit
@@ -290,7 +303,8 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
         upd = keep & ((score > sl) | ((score == sl) & (ids < il)))
         sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
     best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))
-    return m, tl.min(lo, axis=0), tl.max(hi, axis=0), tl.sum(zq, axis=0), best, bidx, bx
+    hi, lo = tl.reduce((hi, lo), 0, _maxmin_combine)
+    return m, lo, hi, tl.sum(zq, axis=0), best, bidx, bx
 
 
 @triton.jit
@@ -311,22 +325,21 @@ def _band_draw(xs_ptr, is_ptr, base, n, M, tau, minp, k0, k1, z_f, best, bidx, b
 
 @triton.jit
 def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
-    """The gather's per-block partials of the tokens above the band: (W_above, their kept
-    mass, min x above, max x below, best score, its token, its x), blocks in index order."""
+    """The gather's per-block partials of the tokens above the band: (their kept mass, min x
+    above, max x below, best score, its token, its x), blocks in index order."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
-    wa = _above_mass(gf, NT, NT_P2)
     z_f = tl.sum(tl.load(gf + G_WK * NT + tt, mask=tin, other=0.0), axis=0)
-    amin = tl.min(tl.load(gf + G_AMIN * NT + tt, mask=tin, other=float("inf")), axis=0)
-    bmax = tl.max(tl.load(gf + G_BMAX * NT + tt, mask=tin, other=float("-inf")), axis=0)
-    s_t = tl.load(gf + G_S * NT + tt, mask=tin, other=float("-inf"))
-    id_t = tl.load(gi + tt, mask=tin, other=0)
-    best = tl.max(s_t, axis=0)
-    bidx = tl.min(tl.where(tin & (s_t == best), id_t, 2147483647), axis=0).to(tl.int64)
-    bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bidx),
-                         tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf")),
-                         float("-inf")), axis=0)
-    return wa, z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx, -1), bx
+    # max x below, min x above and the blocks' best draw in one reduction (the last program
+    # of the row waits on each); padding ids lose every tie
+    bmax, amin = tl.reduce((tl.load(gf + G_BMAX * NT + tt, mask=tin, other=float("-inf")),
+                            tl.load(gf + G_AMIN * NT + tt, mask=tin, other=float("inf"))), 0,
+                           _maxmin_combine)
+    best, bidx, bx = tl.reduce((tl.load(gf + G_S * NT + tt, mask=tin, other=float("-inf")),
+                                tl.load(gi + tt, mask=tin, other=2147483647),
+                                tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf"))), 0,
+                               _first_best)
+    return z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx.to(tl.int64), -1), bx
 
 
 # a finish program's partials (float32 [B, NSP, FP], int64 [B, 3, FP]): its bucket-b tokens' min
@@ -350,8 +363,10 @@ def _above_mass(gf, NT, NT_P2: tl.constexpr):
 def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, NT, M, Z, p,
                 minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
     """Finish program s of a band row: tau's bucket b from the table (each program the same),
-    then _band_filter over its 1 / FP of the band list; its partials to (sp, spi)."""
-    b, _ = _bucket_pick(tab, p * Z - _above_mass(gf, NT, NT_P2))
+    then _band_filter over its 1 / FP of the band list; its partials to (sp, spi). Returns
+    (target, b, A) for the row's last program (the same in every program)."""
+    target = p * Z - _above_mass(gf, NT, NT_P2)
+    b, A = _bucket_pick(tab, target)
     n = tl.load(bi + I_N)
     sl = (n + FP - 1) // FP
     i0 = tl.minimum(s * sl, n)
@@ -365,6 +380,7 @@ def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, N
     tl.store(spi + SI_ID * FP + s, bidx.to(tl.int64))
     tl.store(spi + SI_N * FP + s, m.to(tl.int64))
     tl.store(spi + SI_Z * FP + s, z)
+    return target, b, A
 
 
 @triton.jit
@@ -386,15 +402,14 @@ def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, FP: tl.
 
 
 @triton.jit
-def _band_result(gf, gi, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, NT, M, Z, p,
-                 minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr, NPIV2: tl.constexpr,
+def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, NT, M, target, b,
+                 A, minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr, NPIV2: tl.constexpr,
                  MAX_ROUNDS: tl.constexpr, FP: tl.constexpr, SEG: tl.constexpr):
     """The row's last finish program: the slices' partials (fixed order), their bucket-b
-    tokens gathered into one list, tau on it, the draw; validated (module docstring).
-    Returns (ok, Z_f, token, its x)."""
-    wa, z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
-    target = p * Z - wa
-    b, A = _bucket_pick(tab, target)
+    tokens gathered into one list, tau on it, the draw; validated (module docstring). Takes
+    its own slice's (target, b, A): every program computed the same. Returns (ok, Z_f,
+    token, its x)."""
+    z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
     s = tl.arange(0, FP)
     cnt = tl.load(spi + SI_N * FP + s, cache_modifier=".cg").to(tl.int32)
     m = tl.sum(cnt, axis=0)
@@ -402,8 +417,8 @@ def _band_result(gf, gi, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base,
     if ok:
         _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, tl.load(bi + I_N), cnt, FP,
                                SEG)
-        lo = tl.min(tl.load(sp + S_LO * FP + s, cache_modifier=".cg"), axis=0)
-        pv = tl.max(tl.load(sp + S_HI * FP + s, cache_modifier=".cg"), axis=0)
+        pv, lo = tl.reduce((tl.load(sp + S_HI * FP + s, cache_modifier=".cg"),
+                            tl.load(sp + S_LO * FP + s, cache_modifier=".cg")), 0, _maxmin_combine)
         lo, pv = _band_search(xs_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS)
         ok = (lo >= pv) & (lo > bmax) & (lo <= amin)  # tau = lo; no tie straddles an edge
         if ok:
@@ -476,16 +491,17 @@ def _band_finish_kernel(
         gfrow, sprow = gf_ptr + row * NG * NT, sp_ptr + row * NSP * FP
         spirow = spi_ptr + row * NSPI * FP
         if ok:
-            _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr, sx_ptr, si_ptr,
-                        sprow, spirow, row * CAP, s, NT, M, Z, p, minp, k0, k1,
-                        tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, FP)
+            target, b, A = _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
+                                       sx_ptr, si_ptr, sprow, spirow, row * CAP, s, NT, M, Z,
+                                       p, minp, k0, k1, tl.load(bf_ptr + row * NBF + B_FMAX),
+                                       NT_P2, CB, FP)
             tl.debug_barrier()
             last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == FP - 1
             if last:
                 ok, z_f, bidx, bx = _band_result(
-                    gfrow, gi_ptr + row * NT, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
-                    sx_ptr, si_ptr, sprow, spirow, row * CAP, NT, M, Z, p, minp, k0, k1, NT_P2,
-                    SB2, NPIV2, MAX_ROUNDS, FP, SEG)
+                    gfrow, gi_ptr + row * NT, birow, xs_ptr, is_ptr, sx_ptr, si_ptr, sprow,
+                    spirow, row * CAP, NT, M, target, b, A, minp, k0, k1, NT_P2, SB2, NPIV2,
+                    MAX_ROUNDS, FP, SEG)
         if last:
             if ~ok:
                 lrow = logits_ptr + row * stride_lb
