@@ -59,8 +59,8 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_Z, BAND_ROW, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _gumbel, _maxmin_combine, _param,
-                     _penalised_tile, _pivot_update, _pivots, _row_key, _row_scale)
+from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _maxmin_combine,
+                     _param, _penalised_tile, _pivot_update, _pivots, _row_key, _row_scale)
 from .merge import _row_pass
 from .second import HANDED, _finish_sampled, _gather_program
 from .stats import F_LO, NF
@@ -192,18 +192,11 @@ def _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx):
 @triton.jit
 def _best_lane(sl, il, xl, best, bidx, bx):
     """Fold per-lane winners (score, id, x) into (best score, token, its x): the best score
-    with the lowest id on ties, in one reduction (_first_best)."""
-    tb, tid, tx = tl.reduce((sl, il, xl), 0, _first_best)
+    with the lowest id on ties, in one reduction (the draw's rule, common._better, as the
+    combine: ids are distinct but for empty lanes, which share x)."""
+    tb, tid, tx = tl.reduce((sl, il, xl), 0, _better)
     upd = (tb > best) | ((tb == best) & (tb > float("-inf")) & (tid < bidx))
     return tl.maximum(best, tb), tl.where(upd, tid.to(tl.int64), bidx), tl.where(upd, tx, bx)
-
-
-@triton.jit
-def _first_best(s1, i1, x1, s2, i2, x2):
-    """The draw's order as a reduction: the larger score, on a tie the lower id, with its x
-    (ids are distinct but for empty lanes, which share x)."""
-    first = (s1 > s2) | ((s1 == s2) & (i1 < i2))
-    return tl.where(first, s1, s2), tl.where(first, i1, i2), tl.where(first, x1, x2)
 
 
 @triton.jit
@@ -338,7 +331,7 @@ def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     best, bidx, bx = tl.reduce((tl.load(gf + G_S * NT + tt, mask=tin, other=float("-inf")),
                                 tl.load(gi + tt, mask=tin, other=2147483647),
                                 tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf"))), 0,
-                               _first_best)
+                               _better)
     return z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx.to(tl.int64), -1), bx
 
 
