@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a CUDA machine that already has torch, triton and transformers but no package
 # registry: installs gpu-sampler without dependencies, runs the kernel tests on CUDA tensors,
-# the benchmarks, and writes everything into bench/results/gpu-<date>/. About 9.5 minutes at most.
+# bench/gpu_workloads.py's checks and timings, the benchmarks, and writes everything into
+# bench/results/gpu-<date>/. About 9.5 minutes at most (GPU_CHECK_BUDGET_S, default 570).
 #
 #   bash bench/gpu_check.sh            (or: make gpu-check)
 #   PYTHON=python3.11 bash bench/gpu_check.sh
@@ -70,19 +71,32 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export GPU_SAMPLER_BENCH_DEVICE=cuda
 unset TRITON_INTERPRET
 
-# 3. Kernel tests on CUDA tensors (compiled Triton, not the interpreter).
-GPU_SAMPLER_TEST_DEVICE=cuda timeout "$(cap 240)" "$PY" -m pytest tests/test_sampler.py tests/test_gpu.py \
-    -q -p no:cacheprovider -rs --junitxml="$OUT/tests.xml" > "$OUT/tests.log" 2>&1
+# 3. Correctness, compiling as it goes, in parallel (nothing is timed here): the kernel tests on
+# CUDA tensors (compiled Triton, not the interpreter) beside bench/gpu_workloads.py's checks in
+# four processes, which also fill Triton's cache for the timed runs below.
+GPU_SAMPLER_TEST_DEVICE=cuda timeout "$(cap 200)" "$PY" -m pytest tests/test_sampler.py tests/test_gpu.py \
+    -q -p no:cacheprovider -rs -n "${GPU_CHECK_TEST_WORKERS:-6}" --junitxml="$OUT/tests.xml" \
+    > "$OUT/tests.log" 2>&1 &
+tests_pid=$!
+for part in 1 2 3 4; do
+    timeout "$(cap 200)" "$PY" bench/gpu_workloads.py --warm --part "$part/4" --out "$OUT" \
+        > "$OUT/gpu_workloads-warm-$part.log" 2>&1 &
+done
+wait "$tests_pid"
 rc=$?
 note "kernel tests: exit $rc ($(tail -n 1 "$OUT/tests.log"))"
+wait
+note "gpu_workloads.py checks: $(cat "$OUT"/gpu_workloads-warm-*.log | grep -c '"bit_identical_chunks_1_5_and_sub_batch": true') cases bit-identical, $(cat "$OUT"/gpu_workloads-warm-*.log | grep -c '"error"') errors"
 
-# 4. Benchmarks: the plain timing script first (effective bandwidth against a measured copy;
-# needs no plugin), then the pytest-benchmark suites when the plugin is there.
-timeout "$(cap 120)" "$PY" bench/gpu_bench.py --device cuda --out "$OUT" > "$OUT/gpu_bench.log" 2>&1
+# 4. Timed, one at a time: issue 17's workload table (CUDA-graph replay per call, kernels per
+# call), then the plain timing script against HF (effective bandwidth against a measured copy;
+# needs no plugin), then where a call's time goes (host time check=True / False, graph replay
+# against eager tokens, kernels and syncs per call), then the pytest-benchmark suites.
+timeout "$(cap 170)" "$PY" bench/gpu_workloads.py --out "$OUT" --budget-s 120 > "$OUT/gpu_workloads.log" 2>&1
+note "gpu_workloads.py: exit $?"
+timeout "$(cap 60)" "$PY" bench/gpu_bench.py --device cuda --out "$OUT" > "$OUT/gpu_bench.log" 2>&1
 note "gpu_bench.py: exit $?"
-# Where a call's time goes: host time (check=True / False), GPU time from a CUDA-graph replay
-# (also checks that capture works and replays the eager tokens), kernels and syncs per call.
-timeout "$(cap 150)" "$PY" bench/gpu_profile.py --out "$OUT" > "$OUT/gpu_profile.log" 2>&1
+timeout "$(cap 100)" "$PY" bench/gpu_profile.py --out "$OUT" > "$OUT/gpu_profile.log" 2>&1
 note "gpu_profile.py: exit $?"
 if "$PY" -c "import pytest_benchmark" 2>/dev/null; then
     for suite in sampler generate; do
@@ -100,6 +114,7 @@ if "$PY" -c "import pytest_benchmark" 2>/dev/null; then
 else
     note "pytest-benchmark missing: plain timing script only"
 fi
+[ -f "$OUT/gpu_workloads.md" ] && cat "$OUT/gpu_workloads.md" | tee -a "$SUMMARY"
 [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md" | tee -a "$SUMMARY"
 [ -f "$OUT/gpu_profile.md" ] && cat "$OUT/gpu_profile.md" | tee -a "$SUMMARY"
 for md in "$OUT"/*-bench.md; do [ -f "$md" ] && cat "$md" | tee -a "$SUMMARY"; done
