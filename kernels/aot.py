@@ -120,6 +120,41 @@ def ptxas_usage(ptx, arch=90):
     return None
 
 
+# A row's list (candidates, band tokens) is stored by the lanes that compacted it and read back
+# by the same program in other tiles, i.e. by other threads: a CTA barrier (bar.sync) must lie
+# between. Without it an H200 read stale entries (bench/results/gpu-2026-11-26-h200), which
+# the interpreter, running each op over the whole tile at once, cannot show.
+LIST_PTRS = ("xs_ptr", "is_ptr", "sx_ptr", "si_ptr")
+LIST_FILES = ("band.py", "merge.py")
+
+
+def _list_lines(path, verb):
+    with open(path) as f:
+        return {i + 1 for i, ln in enumerate(f) if any(f"tl.{verb}({n} " in ln for n in LIST_PTRS)}
+
+
+def unfenced_list_reads(ptx):
+    """(file, line) of each ld.global of a list (LIST_PTRS) that follows, in the PTX's order, a
+    st.global to a list with no bar.sync between. Text order stands in for program order: a
+    list is filled by one loop and read by later ones."""
+    files = {i: p for i, p in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)
+             if os.path.basename(p) in LIST_FILES}
+    stores = {i: _list_lines(p, "store") for i, p in files.items()}
+    loads = {i: _list_lines(p, "load") for i, p in files.items()}
+    loc, pending, bad = None, False, []
+    for ln in ptx.splitlines():
+        m = re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", ln)
+        if m:
+            loc = (m.group(1), int(m.group(2)))
+        elif "bar.sync" in ln or "barrier.sync" in ln:
+            pending = False
+        elif loc and loc[0] in files and "st.global" in ln and loc[1] in stores[loc[0]]:
+            pending = True
+        elif pending and loc and loc[0] in files and "ld.global" in ln and loc[1] in loads[loc[0]]:
+            bad.append((os.path.basename(files[loc[0]]), loc[1]))
+    return sorted(set(bad))
+
+
 VARIANTS = {
     # name: (kernel, flags); the sampling path is history -> stats -> merge
     "history": ("history", dict(num_warps=8)),
@@ -216,7 +251,9 @@ def main(argv=None):
         ck = compile_variant(kernel, **flags)
         usage = ptxas_usage(ck.asm["ptx"])
         extra = f"{usage[0]} registers, {usage[1]} bytes spilled" if usage else "ptxas -v unavailable"
-        print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}")
+        racy = unfenced_list_reads(ck.asm["ptx"])
+        fence = "; list reads fenced" if not racy else f"; UNFENCED list reads at {racy}"
+        print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}{fence}")
 
 
 if __name__ == "__main__":

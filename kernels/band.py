@@ -410,6 +410,10 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, NT, 
     if ok:
         _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, tl.load(bi + I_N), cnt, FP,
                                SEG)
+        # the list was stored in [FP, SEG] tiles and the search loads it in SB2 tiles: other
+        # threads' stores must land first (without this bar.sync a warp read stale entries on
+        # an H200, and the row fell back to the row pass: other logprob bits, run to run)
+        tl.debug_barrier()
         pv, lo = tl.reduce((tl.load(sp + S_HI * FP + s, cache_modifier=".cg"),
                             tl.load(sp + S_LO * FP + s, cache_modifier=".cg")), 0, _maxmin_combine)
         lo, pv = _band_search(xs_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS)

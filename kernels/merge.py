@@ -666,6 +666,9 @@ def _merge_kernel(
                     cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
                 t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
             exact = exact & (~full)
+        # the list's entries were stored by the lanes that compacted them and are searched in
+        # other tiles (other threads): every store lands before the first search load
+        tl.debug_barrier()
         if k_act:
             tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
                                    True, LB_BLOCK, NPIV, MAX_ROUNDS)

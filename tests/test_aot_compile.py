@@ -7,7 +7,8 @@ left this one-test file last).
 
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
-process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills.
+process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills
+and that every read of a row's list that other threads stored is behind a barrier.
 """
 import os
 import subprocess
@@ -28,3 +29,21 @@ def test_compiles_for_sm90():
     assert len(lines) == len(VARIANTS), r.stdout
     spills = [ln for ln in lines if "registers" in ln and " 0 bytes spilled" not in ln]
     assert not spills, spills
+    # a list stored by some threads and read back by others needs a bar.sync between
+    # (aot.unfenced_list_reads; an H200 read stale band-list entries without one)
+    racy = [ln for ln in lines if "UNFENCED" in ln]
+    assert not racy, racy
+
+
+def test_unfenced_list_read_is_found():
+    """The PTX check flags a list load that follows a list store with no barrier between, and
+    passes it once a bar.sync lies between (a hand-made PTX over this repo's band.py lines)."""
+    from gpu_sampler.kernels import aot, band
+    path = band.__file__
+    src = open(path).read().splitlines()
+    st = next(i + 1 for i, ln in enumerate(src) if "tl.store(xs_ptr " in ln)
+    ld = next(i + 1 for i, ln in enumerate(src) if "tl.load(xs_ptr " in ln)
+    body = [f'.loc 1 {st} 5', 'st.global.b32 [%rd1], %r1;', f'.loc 1 {ld} 13',
+            'ld.global.b32 %r2, [%rd2];', f'.file 1 "{path}"']
+    assert aot.unfenced_list_reads("\n".join(body)) == [("band.py", ld)]
+    assert aot.unfenced_list_reads("\n".join(body[:2] + ["bar.sync 0;"] + body[2:])) == []
