@@ -106,7 +106,7 @@ def one_case(B, V, name, kw):
     row["graph_error"] = out if gpu_us is None else None
     row["graph_tokens_equal_eager"] = None if gpu_us is None else bool(torch.equal(out, eager))
     kernels, syncs = _profile(lambda: gpu_sampler.sample(logits, check=False, **call))
-    row["kernels"] = {k: {"launches": c, "gpu_us": round(t, 2)} for k, t in
+    row["kernels"] = {k: {"launches": c, "gpu_us": round(t, 2)} for k, (c, t) in
                       sorted(kernels.items(), key=lambda kv: -kv[1][1])}
     row["launches_per_call"] = sum(c for c, _ in kernels.values())
     row["syncs_per_call_nocheck"] = syncs
