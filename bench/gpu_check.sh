@@ -72,12 +72,16 @@ export GPU_SAMPLER_BENCH_DEVICE=cuda
 unset TRITON_INTERPRET
 
 # 3. Correctness, compiling as it goes, in parallel (nothing is timed here): the kernel tests on
-# CUDA tensors (compiled Triton, not the interpreter) beside bench/gpu_workloads.py's checks in
-# four processes, which also fill Triton's cache for the timed runs below.
+# CUDA tensors (compiled Triton, not the interpreter) beside bench/gpu_determinism.py and
+# bench/gpu_workloads.py's checks in four processes, which also fill Triton's cache for the
+# timed runs below.
 GPU_SAMPLER_TEST_DEVICE=cuda timeout "$(cap 200)" "$PY" -m pytest tests/test_sampler.py tests/test_gpu.py \
     -q -p no:cacheprovider -rs -n "${GPU_CHECK_TEST_WORKERS:-6}" --junitxml="$OUT/tests.xml" \
     > "$OUT/tests.log" 2>&1 &
 tests_pid=$!
+# run-to-run bits of the band and list settings (a barrier missing shows only on a GPU)
+timeout "$(cap 200)" "$PY" bench/gpu_determinism.py --out "$OUT" --label check --repeats 10 \
+    --budget-s 150 > "$OUT/gpu_determinism.log" 2>&1 &
 for part in 1 2 3 4; do
     timeout "$(cap 200)" "$PY" bench/gpu_workloads.py --warm --part "$part/4" --out "$OUT" \
         > "$OUT/gpu_workloads-warm-$part.log" 2>&1 &
@@ -86,6 +90,7 @@ wait "$tests_pid"
 rc=$?
 note "kernel tests: exit $rc ($(tail -n 1 "$OUT/tests.log"))"
 wait
+note "gpu_determinism.py: $(grep -c '"rows_differing_any": 0,' "$OUT/gpu_determinism.log") of $(grep -c '"rows"' "$OUT/gpu_determinism.log") cases with no row differing"
 note "gpu_workloads.py checks: $(cat "$OUT"/gpu_workloads-warm-*.log | grep -c '"bit_identical_chunks_1_5_and_sub_batch": true') cases bit-identical, $(cat "$OUT"/gpu_workloads-warm-*.log | grep -c '"error"') errors"
 
 # 4. Timed, one at a time: issue 17's workload table (CUDA-graph replay per call, kernels per
@@ -94,7 +99,7 @@ note "gpu_workloads.py checks: $(cat "$OUT"/gpu_workloads-warm-*.log | grep -c '
 # against eager tokens, kernels and syncs per call), then the pytest-benchmark suites.
 timeout "$(cap 170)" "$PY" bench/gpu_workloads.py --out "$OUT" --budget-s 120 > "$OUT/gpu_workloads.log" 2>&1
 note "gpu_workloads.py: exit $?"
-timeout "$(cap 60)" "$PY" bench/gpu_bench.py --device cuda --out "$OUT" > "$OUT/gpu_bench.log" 2>&1
+timeout "$(cap 90)" "$PY" bench/gpu_bench.py --device cuda --n 20 --out "$OUT" > "$OUT/gpu_bench.log" 2>&1
 note "gpu_bench.py: exit $?"
 timeout "$(cap 100)" "$PY" bench/gpu_profile.py --out "$OUT" > "$OUT/gpu_profile.log" 2>&1
 note "gpu_profile.py: exit $?"

@@ -43,5 +43,5 @@ def test_gpu_check_script_parses_and_runs_the_scripts():
     script = os.path.join(BENCH, "gpu_check.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     text = open(script).read()
-    for name in ("gpu_workloads.py", "gpu_bench.py", "gpu_profile.py"):
+    for name in ("gpu_workloads.py", "gpu_determinism.py", "gpu_bench.py", "gpu_profile.py"):
         assert name in text
