@@ -181,14 +181,6 @@ def _block_bands(v, vm, hmask, tdiv, hrow, frow, t):
 
 
 @triton.jit
-def _top2_combine(a1, ai, av, a2, b1, bi, bv, b2):
-    """(best s, its lane, its xp, best s of the other lanes); ties to the lower lane."""
-    first = (a1 > b1) | ((a1 == b1) & (ai < bi))
-    return (tl.where(first, a1, b1), tl.where(first, ai, bi), tl.where(first, av, bv),
-            tl.where(first, tl.maximum(a2, b1), tl.maximum(b2, a1)))
-
-
-@triton.jit
 def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
     """A pure-temperature block's draw partial: its best approximate score s = fl(x' + G)
     (x' = max(fl(xp * fl(1 / T)), -FLT_MAX), within 4 ulps of x = xp / T; G the token's Gumbel
