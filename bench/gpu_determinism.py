@@ -50,7 +50,8 @@ def one(B, V, kind, name, repeats, dev="cuda"):
     for chunks in (1, 5):
         bad |= _rows_differ(fused_sample(x, chunks=chunks, **call), ref)
     r = torch.arange(B - 1, -1, -1, device=dev)
-    sub = {k: (v[r] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v) for k, v in call.items()}
+    sub = {k: (v[r] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v)
+           for k, v in call.items()}
     t, lp = fused_sample(x[r], **sub)
     bad[r] |= _rows_differ((t, lp), (ref[0][r], ref[1][r]))
     probs = gpu_sampler.sampling_distribution(x, backend="torch", input_ids=ids, **kw)
