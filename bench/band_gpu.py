@@ -15,6 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_workloads import _graph_us  # noqa: E402  (one CUDA-graph timer for the bench scripts)
 from rows import row_logits  # noqa: E402
 
 from gpu_sampler import reference  # noqa: E402
@@ -29,27 +30,6 @@ CASES = [  # (row kind, kwargs, history length)
     ("sigma3", dict(temperature=0.6, top_p=0.9), 0),
     ("sigma3", dict(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2), 128),
 ]
-
-
-def _graph_us(fn, n=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n * 1e3
 
 
 def _kernels(fn, calls=10):

@@ -29,6 +29,7 @@ def test_gpu_workloads_checks_run_and_hold(tmp_path):
 
 
 def test_gpu_scripts_import_and_plan():
+    import band_gpu  # noqa: F401
     import gpu_determinism
     import gpu_profile
     import gpu_sweep
