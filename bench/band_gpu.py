@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_workloads import _graph_us  # noqa: E402  (one CUDA-graph timer for the bench scripts)
+from gpu_workloads import _graph_us, _kernels as _kernel_table  # noqa: E402  (one copy)
 from rows import row_logits  # noqa: E402
 
 from gpu_sampler import reference  # noqa: E402
@@ -33,17 +33,8 @@ CASES = [  # (row kind, kwargs, history length)
 
 
 def _kernels(fn, calls=10):
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        dev = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if dev and e.count and e.key.startswith("_"):
-            out[e.key.split("(")[0][:40]] = round(dev / calls, 2)
-    return out
+    """Our kernels' eager GPU µs per call."""
+    return {k: us for k, (_, us) in _kernel_table(fn, calls).items() if k.startswith("_")}
 
 
 def one(B, kind, kw, L):

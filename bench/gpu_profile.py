@@ -14,12 +14,17 @@ Writes gpu_profile.json and gpu_profile.md into --out.
 """
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-import gpu_sampler
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_workloads import _graph as _graph_replay  # noqa: E402
+
+import gpu_sampler  # noqa: E402
 
 SHAPES = [(1, 32000), (1, 128256), (64, 128256), (256, 151936)]
 SETTINGS = {
@@ -55,27 +60,11 @@ def _host_us(fn, n=50):
 
 def _graph(fn, n=50):
     """(GPU us per replay, tokens of one replay) or (None, error text)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
-            out = fn()
+        us, out = _graph_replay(fn, n)
     except Exception as e:  # the finding is the error itself
         return None, f"{type(e).__name__}: {str(e)[:200]}"
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n * 1e3, out[0].clone()
+    return us, out[0].clone()
 
 
 def _profile(fn, calls=5):

@@ -50,7 +50,9 @@ def _setting(name, B, device):
     return kw, L
 
 
-def _graph_us(fn, n=50):
+def _graph(fn, n=50):
+    """(GPU µs per replay of fn captured in a CUDA graph, fn's outputs as the replays leave
+    them): 3 warm-up calls on a side stream, one capture, one replay, n timed replays."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -59,7 +61,7 @@ def _graph_us(fn, n=50):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        out = fn()
     g.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -68,10 +70,15 @@ def _graph_us(fn, n=50):
         g.replay()
     b.record()
     b.synchronize()
-    return a.elapsed_time(b) / n * 1e3
+    return a.elapsed_time(b) / n * 1e3, out
+
+
+def _graph_us(fn, n=50):
+    return _graph(fn, n)[0]
 
 
 def _kernels(fn, calls=5):
+    """{kernel: [launches, GPU µs] per call} of fn's eager calls (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
