@@ -62,7 +62,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts = {n: False for n in PER_ROW}
     consts.update(HAS_TOPK=True, HAS_TOPP=True, HAS_MINP=False, HAS_REP=True, HAS_PF=False,
                   HAS_MASK=False, HAS_BIAS=False, WRITE_PROBS=False, CD=False, TOPN_KB=0,
-                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, KEEP_LIST=False, HDIRECT=False, **GEOM)
+                  TOPN_RAW=True, TOPN_REUSE=False, STATE=False, KEEP_LIST=False, HDIRECT=False,
+                  GREEDY=False, **GEOM)
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
@@ -163,6 +164,14 @@ VARIANTS = {
     # temperature alone (T 1.0): the pure draw loop and the candidates' loop
     "stats:pure": ("stats", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False, num_warps=4,
                                  maxnreg=64)),
+    # every row greedy (a scalar T = 0): each block's max and first token, no candidates
+    "stats:greedy": ("stats", dict(GREEDY=True, PURE_OK=False, HAS_TOPK=False, HAS_TOPP=False,
+                                   HAS_REP=False, num_warps=4, maxnreg=64)),
+    "stats:greedy+per-row+pf+mask+bias": ("stats", dict(
+        PER_ROW, TEMP_T=False, GREEDY=True, PURE_OK=False, HAS_PF=True, HAS_MASK=True,
+        HAS_BIAS=True, num_warps=4, maxnreg=64)),
+    "merge:greedy": ("merge", dict(GREEDY=True, PURE_OK=False, HAS_TOPK=False, HAS_TOPP=False,
+                                   maxnreg=128)),
     # no history launch (sampling._direct_history): the blocks histogram the row's ids (L <= 256)
     "stats:rep direct": ("stats", dict(HDIRECT=True, E_BLOCK=256, num_warps=4, maxnreg=64)),
     "merge:topk+topp+rep direct": ("merge", dict(HDIRECT=True, E_BLOCK=256, maxnreg=192)),

@@ -207,6 +207,49 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
 
 
 @triton.jit
+def _greedy_combine(v1, i1, n1, v2, i2, n2):
+    """(max, its lowest lane, summed count): NaN operands lose every comparison, so a block
+    holding one gets some finite or NaN max here and is redone (its count is > 0)."""
+    take1 = (v1 > v2) | ((v1 == v2) & (i1 < i2))
+    return tl.where(take1, v1, v2), tl.where(take1, i1, i2), n1 + n2
+
+
+@triton.jit
+def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, freq,
+                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
+                  HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Block t of a GREEDY launch (every row greedy: x = xp, the token is the row's first
+    max xp): m_t = max finite xp, the first token holding the block's target (m_t, or +inf
+    where the block holds one) in I_BID, and the counts the merge tests (nfin as 0 / 1, as a
+    pure row's). One 3-operand reduction a block (max, lowest lane, NaN count); no
+    exponentials, no windows, no candidates. z_t, lo_t, g_t are stored as 1 / m_t / m_t:
+    no row of the launch samples, so the merge reads none of them."""
+    offs, inb, xp, _, _, _ = _penalised_tile(
+        lrow, erow, brow, xrow, NT, t, V, rep, pres, freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+        HAS_MASK, HAS_BIAS, lrow, 0.0, 0.0, 0.0, False, False)
+    lane = tl.arange(0, TILE)
+    m, ib, nnan = tl.reduce((xp, lane, (xp != xp).to(tl.int32)), 0, _greedy_combine)
+    npos = nnan * 0
+    if (nnan > 0) | (m == float("inf")):
+        # rare: NaN or +inf in the block. The merge needs nnan, npos and the max finite xp;
+        # a greedy row with +inf picks its first +inf
+        fin = tl.abs(xp) < float("inf")
+        npos = tl.sum((xp == float("inf")).to(tl.int32), axis=0)
+        m = tl.max(tl.where(fin, xp, float("-inf")), axis=0)
+        target = tl.where(npos > 0, float("inf"), m)
+        ib = tl.min(tl.where(xp == target, lane, TILE), axis=0)
+    tl.store(wfrow + F_M * NT + t, m)
+    tl.store(wfrow + F_Z * NT + t, tl.where(m > float("-inf"), 1.0, 0.0))
+    tl.store(wfrow + F_LO * NT + t, m)
+    tl.store(wfrow + F_G * NT + t, m)
+    tl.store(wirow + I_NFIN * NT + t, (m > float("-inf")).to(tl.int32))
+    tl.store(wirow + I_NPOS * NT + t, npos)
+    tl.store(wirow + I_NNAN * NT + t, nnan)
+    tl.store(wirow + I_NCAND * NT + t, npos * 0)
+    tl.store(wirow + I_BID * NT + t, (t * TILE + ib).to(tl.int32))
+
+
+@triton.jit
 def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.constexpr,
                  KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, R: tl.constexpr):
     """The block's candidates (module docstring): (nfin, ncand, the largest v not stored)."""
@@ -253,7 +296,7 @@ def _stats_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
-    TOPN_REUSE: tl.constexpr, HDIRECT: tl.constexpr = False,
+    TOPN_REUSE: tl.constexpr, HDIRECT: tl.constexpr = False, GREEDY: tl.constexpr = False,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -292,7 +335,11 @@ def _stats_kernel(
         pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
-    if PURE_OK:
+    if GREEDY:
+        for t in range(c * TPC, t_end):
+            _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, freq, TILE,
+                          E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
+    elif PURE_OK:
         if pure:
             # a row-uniform branch around its own loop, so the draw's registers and the
             # candidates' are allocated apart (one loop holding both spilled under the 64 cap)

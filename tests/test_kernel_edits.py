@@ -102,3 +102,21 @@ def test_generate_bias_and_bans_through_the_kernel(monkeypatch):
     assert not torch.equal(want[:, 6:], free)  # the edits matter
     monkeypatch.setattr(params, "pick_backend", lambda backend, logits: "triton")
     assert torch.equal(generate(m, ids, **kw), want)
+
+
+def test_greedy_launch_mask_and_bias_equal_the_edited_rows(monkeypatch):
+    """The greedy-only launch (a scalar T = 0: kernels/stats.py _block_greedy) applies the
+    mask and bias in its one read: the tokens of greedy over the edited copy."""
+    from gpu_sampler import edits
+    g = torch.Generator().manual_seed(6)
+    x = _rows(5, g)
+    ed, _ = _edits(5, g)
+    edited = edits.apply_edits(x, ed)
+    want = _run(edited, temperature=0.0, tile=64)
+    reads = LogitReads(x, monkeypatch)
+    got = _run(x, allowed_words=ed.words, logit_bias=(ed.bias_ids, ed.bias_values),
+               temperature=0.0, tile=64)
+    assert reads.bytes == x.numel() * 4
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    valid = ~torch.isnan(edited).any(1) & (edited > float("-inf")).any(1)
+    assert torch.equal(want[0], torch.where(valid, edited.argmax(1), -1))

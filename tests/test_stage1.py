@@ -1,7 +1,7 @@
 """Stage 1 (kernels/stats.py) paths that random rows never take, under the interpreter: blocks
 with NaN / +inf / an x that overflows (the flagged exact recount), all -inf blocks, greedy
-rows whose first maximum is found from the candidates or by re-reading one block, and the
-packed slot scan at full 1024- and 256-token tiles. Each compares with the torch twin."""
+rows whose first maximum is found from the candidates or by re-reading one block (or, in a
+greedy-only launch, from each block's stored first token), and the packed slot scan at full 1024- and 256-token tiles. Each compares with the torch twin."""
 import pytest
 import torch
 
@@ -70,23 +70,76 @@ def test_every_finite_x_overflows():
 
 
 def test_greedy_first_maximum_from_candidates_or_one_block(monkeypatch):
-    """Greedy rows take the first maximal xp: from the stored candidates when the block kept
-    any (no extra read), else by re-reading that one block (> KT tied maxima, or +inf)."""
+    """Greedy rows in a launch that may sample (a tensor temperature) take the first maximal
+    xp: from the stored candidates when the block kept any (no extra read), else by re-reading
+    that one block (> KT tied maxima, or +inf)."""
     g = torch.Generator().manual_seed(13)
     x = torch.randn(3, 3000, generator=g)
     x[0, [2100, 600, 2900]] = 9.0             # maxima in three blocks: the first is 600
     x[1, 768:1024] = 9.0                      # 256 tied maxima in one block, 64 slots
     x[2, [2500, 1700]] = float("inf")
     reads = LogitReads(x, monkeypatch)
-    tok, lp = _run(x, tile=256, cand=64, temperature=0.0, seed=0)
+    tok, lp = _run(x, tile=256, cand=64, temperature=torch.zeros(3), seed=0)
     assert tok.tolist() == [600, 768, 1700] and torch.equal(lp, torch.zeros(3))
     assert reads.bytes == x.numel() * 4 + 2 * 256 * 4   # rows 1 and 2 re-read one block
     tw_tok, _ = _twin_tokens(x, temperature=0.0)
     assert torch.equal(tok, tw_tok)
     # with a penalty (not the twin's argmax shortcut) and a top-k that greedy ignores
     ids = torch.tensor([[600, 5, 6], [768, 7, 8], [1, 2, 3]])
-    _same_as_twin(x, tile=256, cand=64, temperature=0.0, top_k=5, repetition_penalty=1.5,
-                  input_ids=ids)
+    _same_as_twin(x, tile=256, cand=64, temperature=torch.zeros(3), top_k=5,
+                  repetition_penalty=1.5, input_ids=ids)
+
+
+def _greedy_rows():
+    """Rows for the greedy-only launch: maxima in several blocks, a tie group straddling two
+    blocks and filling one, +inf, NaN, -inf rows and blocks, +-3e38, an odd width."""
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(9, 3001, generator=g) * 3
+    x[0, [2100, 600, 2900]] = 99.0            # the first of three blocks' maxima: 600
+    x[1, 700:1100] = 99.0                     # ties across blocks 2-4 (tile 256): 700
+    x[2, [2500, 1700]] = float("inf")         # the first +inf
+    x[3, 1234] = float("nan")                 # invalid
+    x[4] = float("-inf")                      # invalid
+    x[5, :2990] = float("-inf")               # only the last, partial block is finite
+    x[6, 5] = 3.0e38
+    x[6, 3000] = 3.0e38                       # a finite maximum tied at the row's ends
+    x[7, 1::2] = float("-inf")
+    x[8] = torch.randint(-2, 2, (3001,), generator=g).float()   # tie-heavy everywhere
+    return x
+
+
+@pytest.mark.parametrize("tile,chunks", [(256, None), (1024, 2)])
+def test_greedy_launch_one_read_first_maximum(tile, chunks, monkeypatch):
+    """A launch whose every row is greedy (a scalar T = 0) reads each logit once and finds
+    the first maximal xp from each block's stored first token (kernels/stats.py
+    _block_greedy): the same tokens and logprobs as the launch that may sample (a tensor
+    T = 0: candidates and windows) and as torch.argmax, whatever the chunk count; NaN and
+    all -inf rows invalid."""
+    x = _greedy_rows()
+    reads = LogitReads(x, monkeypatch)
+    tok, lp = _run(x, tile=tile, chunks=chunks, temperature=0.0, seed=0)
+    assert reads.bytes == x.numel() * 4
+    want = x.argmax(1)
+    want[[3, 4]] = -1
+    assert tok.tolist() == want.tolist()
+    assert tok[0] == 600 and tok[1] == 700 and tok[2] == 1700 and tok[6] == 5
+    assert torch.equal(lp, torch.where(want >= 0, 0.0, float("-inf")))
+    ref = _run(x, tile=tile, chunks=chunks, temperature=torch.zeros(9), seed=0)
+    assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
+
+
+def test_greedy_launch_penalties_match_twin():
+    """The greedy-only launch applies the repetition / presence / frequency penalties as the
+    sampling launch does (with a top-k, which greedy ignores)."""
+    x = _greedy_rows()[[0, 1, 5, 6, 7, 8]]
+    g = torch.Generator().manual_seed(15)
+    ids = torch.cat([x.argmax(1, keepdim=True), torch.randint(0, 3001, (6, 30), generator=g)], 1)
+    kw = dict(tile=256, top_k=5, repetition_penalty=1.5, frequency_penalty=0.3,
+              presence_penalty=0.2, input_ids=ids, seed=0)
+    tok, lp = _same_as_twin(x, temperature=0.0, **kw)
+    ref = _run(x, temperature=torch.zeros(6), **kw)
+    assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
+    assert (tok != x.argmax(1)).any()         # the penalty moved some row's maximum
 
 
 def test_extreme_finite_values_keep_their_windows():
