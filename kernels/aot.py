@@ -67,6 +67,11 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     consts.update(flags)
     # as the launcher: pure-temperature draw partials in stage 1 for sampling launches without CD
     consts.setdefault("PURE_OK", not consts["CD"] and not consts["WRITE_PROBS"])
+    # as the launcher (sampling._greedy_reads): a per-row T's greedy rows read as greedy blocks
+    # in a call asking only tokens and logprobs
+    consts.setdefault("GREEDY_ROWS", consts["GREEDY"] or (
+        consts["TEMP_T"] and not consts["CD"] and not consts["WRITE_PROBS"]
+        and not consts["TOPN_KB"] and not consts["STATE"] and not consts["KEEP_LIST"]))
     # as the launcher: the second read when a row can have min-p and no top-k / top-p (the
     # band gather runs it only where a variant says so: SECOND=True)
     if kernel == "band_gather":
@@ -170,8 +175,6 @@ VARIANTS = {
     "stats:greedy+per-row+pf+mask+bias": ("stats", dict(
         PER_ROW, TEMP_T=False, GREEDY=True, PURE_OK=False, HAS_PF=True, HAS_MASK=True,
         HAS_BIAS=True, num_warps=4, maxnreg=64)),
-    "merge:greedy": ("merge", dict(GREEDY=True, PURE_OK=False, HAS_TOPK=False, HAS_TOPP=False,
-                                   maxnreg=128)),
     # no history launch (sampling._direct_history): the blocks histogram the row's ids (L <= 256)
     "stats:rep direct": ("stats", dict(HDIRECT=True, E_BLOCK=256, num_warps=4, maxnreg=64)),
     "merge:topk+topp+rep direct": ("merge", dict(HDIRECT=True, E_BLOCK=256, maxnreg=192)),

@@ -389,7 +389,7 @@ def _merge_kernel(
     PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr = False,
-    HDIRECT: tl.constexpr = False, GREEDY: tl.constexpr = False,
+    HDIRECT: tl.constexpr = False,
 ):
     """Reads 8 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
@@ -473,21 +473,16 @@ def _merge_kernel(
     npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
     npos = tl.sum(npos_t, axis=0)
     nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
-    if GREEDY:  # stage 1 wrote no z_t: no row of the launch samples
-        Z = tl.full([], 1.0, tl.float32)
-    else:
-        Z = _row_z(wfrow, NT, tt, tin, m_t, M)
+    Z = _row_z(wfrow, NT, tt, tin, m_t, M)
     ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
 
     # max xp and its first index. Greedy rows have x = xp: max xp is M, or +inf. Rows with
     # +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to -inf) find max xp
-    # in one more pass; the token of a greedy row is found in one block. (In a GREEDY launch
-    # every x is xp: no finite x and no +inf is max xp = -inf, no pass.)
+    # in one more pass; the token of a greedy row is found in one block.
     xpmax = tl.where(npos > 0, float("inf"), M)
-    if not GREEDY:
-        if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
-            xpmax = _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta,
-                               Me, TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
+        xpmax = _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, Me,
+                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
     # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
     # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
     ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
@@ -496,13 +491,10 @@ def _merge_kernel(
     gidx = row * 0 - 1
     if valid & greedy:
         tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
-        if GREEDY:  # stage 1 stored each block's first token holding its target
-            gidx = tl.load(wirow + I_BID * NT + tb).to(tl.int64)
-        else:
-            ncand = tl.load(wirow + I_NCAND * NT + tb)
-            gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand,
-                                xpmax, rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
-                                HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+        ncand = tl.load(wirow + I_NCAND * NT + tb)
+        gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
+                            rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
+                            HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
     if STATE or KEEP_LIST:
         # the row state of processed top-N logprobs (kernels/topn.py) or of the residual draw:
         # what is final here is stored here rather than kept live through the searches

@@ -166,6 +166,7 @@ class _Call:
     fp: int = 16            # band finish programs per row (_band_programs, the planned batch)
     greedy: bool = False    # every row greedy (a scalar T = 0), nothing but tokens and their
                             # logprobs asked: stage 1 writes each block's max and first token
+    greedy_rows: bool = False  # so do the greedy rows (T == 0) of a tensor T
 
     def flags(self, *names):
         """The IS_TENSOR constexprs of ``names`` (e.g. "topk" -> TOPK_T)."""
@@ -350,7 +351,7 @@ def _launch_stats(c, wf, wi, cand, hb, ft):
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
         **_regs(c.regs),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
-        GREEDY=c.greedy, **c.const)
+        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, **c.const)
 
 
 def _launch_merge(c, work, out, band, write_probs, npiv, max_rounds, keep_list=False):
@@ -367,7 +368,7 @@ def _launch_merge(c, work, out, band, write_probs, npiv, max_rounds, keep_list=F
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
-        KEEP_LIST=keep_list, GREEDY=c.greedy, num_warps=warps, R=min(g["TILE"], 32 * warps),
+        KEEP_LIST=keep_list, num_warps=warps, R=min(g["TILE"], 32 * warps),
         **_regs(MERGE_REGS_STATE if c.top.state or "HDIRECT" in c.const else MERGE_REGS),
         **c.const)
 
@@ -615,15 +616,20 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
                  wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs,
                  second and bands and (plan_batch or B) * g["C"] <= STATS_SLOTS_PF,
                  _band_programs(plan_batch or B, logits.device),
-                 _greedy_only(v["temperature"], write_probs, amateur_logits, top[0]))
+                 *_greedy_reads(v["temperature"], write_probs, amateur_logits, top[0]))
 
 
-def _greedy_only(temperature, write_probs, amateur_logits, top_n):
-    """Every row greedy and only (token, logprob) asked: the distribution, top-N logprobs and
-    contrastive decoding need the blocks' exponentials or candidates (kernels/stats.py
-    _block_greedy has neither). A tensor temperature may hold anything."""
-    return (not isinstance(temperature, torch.Tensor) and temperature == 0.0
-            and not write_probs and amateur_logits is None and not top_n)
+def _greedy_reads(temperature, write_probs, amateur_logits, top_n):
+    """(every row greedy, greedy rows possible) for the calls whose greedy rows may read as
+    greedy blocks (kernels/stats.py _block_greedy: each block's max and first token, no
+    exponentials or candidates): only (token, logprob) asked. The distribution, top-N logprobs
+    and contrastive decoding need the blocks' partials or candidates. A tensor temperature may
+    hold anything."""
+    if write_probs or amateur_logits is not None or top_n:
+        return False, False
+    if isinstance(temperature, torch.Tensor):
+        return False, True
+    return temperature == 0.0, False
 
 
 def _stage1_budget(top_n, reuse, per_row, wide):

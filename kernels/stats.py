@@ -215,15 +215,18 @@ def _greedy_combine(v1, i1, n1, v2, i2, n2):
 
 
 @triton.jit
-def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, freq,
-                  TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
-                  HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Block t of a GREEDY launch (every row greedy: x = xp, the token is the row's first
-    max xp): m_t = max finite xp, the first token holding the block's target (m_t, or +inf
-    where the block holds one) in I_BID, and the counts the merge tests (nfin as 0 / 1, as a
-    pure row's). One 3-operand reduction a block (max, lowest lane, NaN count); no
-    exponentials, no windows, no candidates. z_t, lo_t, g_t are stored as 1 / m_t / m_t:
-    no row of the launch samples, so the merge reads none of them."""
+def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V, rep, pres,
+                  freq, TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
+                  HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    """Block t of a greedy row (x = xp; the token is the row's first max xp) in a call that
+    asks only tokens and logprobs: m_t = max finite xp, the counts the merge tests (nfin as 0
+    / 1, as a pure row's), and one candidate, the block's first token holding m_t (none if
+    m_t = -inf or the block holds a +inf: the merge re-reads that block), which is all the
+    merge's greedy path reads (merge.py _first_index). One 3-operand reduction a block (max,
+    lowest lane, NaN count); no exponentials, windows or candidate scan. z_t, lo_t and g_t
+    are 1 / m_t / m_t (g_t = m_t: "every value may be unstored"): a greedy row's Z, bounds
+    and thresholds are never read (its logprob is 0)."""
     offs, inb, xp, _, _, _ = _penalised_tile(
         lrow, erow, brow, xrow, NT, t, V, rep, pres, freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
         HAS_MASK, HAS_BIAS, lrow, 0.0, 0.0, 0.0, False, False)
@@ -231,13 +234,14 @@ def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, fre
     m, ib, nnan = tl.reduce((xp, lane, (xp != xp).to(tl.int32)), 0, _greedy_combine)
     npos = nnan * 0
     if (nnan > 0) | (m == float("inf")):
-        # rare: NaN or +inf in the block. The merge needs nnan, npos and the max finite xp;
-        # a greedy row with +inf picks its first +inf
+        # rare: NaN or +inf in the block. The merge needs nnan, npos and the max finite xp,
+        # and no candidate (it re-reads the block of a row's first +inf; NaN: invalid)
         fin = tl.abs(xp) < float("inf")
         npos = tl.sum((xp == float("inf")).to(tl.int32), axis=0)
         m = tl.max(tl.where(fin, xp, float("-inf")), axis=0)
-        target = tl.where(npos > 0, float("inf"), m)
-        ib = tl.min(tl.where(xp == target, lane, TILE), axis=0)
+    nc = ((m > float("-inf")) & (npos == 0) & (nnan == 0)).to(tl.int32)
+    if nc > 0:
+        tl.store(cand_ptr + (row * NT + t) * KT, _pack_cand(m, t * TILE + ib))
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, tl.where(m > float("-inf"), 1.0, 0.0))
     tl.store(wfrow + F_LO * NT + t, m)
@@ -245,8 +249,7 @@ def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, fre
     tl.store(wirow + I_NFIN * NT + t, (m > float("-inf")).to(tl.int32))
     tl.store(wirow + I_NPOS * NT + t, npos)
     tl.store(wirow + I_NNAN * NT + t, nnan)
-    tl.store(wirow + I_NCAND * NT + t, npos * 0)
-    tl.store(wirow + I_BID * NT + t, (t * TILE + ib).to(tl.int32))
+    tl.store(wirow + I_NCAND * NT + t, nc)
 
 
 @triton.jit
@@ -297,6 +300,7 @@ def _stats_kernel(
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
     TOPN_REUSE: tl.constexpr, HDIRECT: tl.constexpr = False, GREEDY: tl.constexpr = False,
+    GREEDY_ROWS: tl.constexpr = False,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -336,15 +340,48 @@ def _stats_kernel(
 
     t_end = tl.minimum(c * TPC + TPC, NT)
     if GREEDY:
-        for t in range(c * TPC, t_end):
-            _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, NT, t, V, rep, pres, freq, TILE,
-                          E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
-    elif PURE_OK:
+        _greedy_loop(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, c * TPC, t_end, V,
+                     rep, pres, freq, TILE, E_BLOCK, KT, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
+    elif GREEDY_ROWS:
+        if T == 0.0:
+            # a row-uniform branch, as the pure rows': a greedy row of a launch that may
+            # sample reads as a greedy launch's rows do
+            _greedy_loop(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, c * TPC,
+                         t_end, V, rep, pres, freq, TILE, E_BLOCK, KT, HAS_REP, HAS_PF,
+                         HAS_MASK, HAS_BIAS)
+        else:
+            _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row,
+                            NT, c * TPC, t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure,
+                            seed_ptr, seed_s, off_ptr, off_s, hb_ptr, ft_ptr, topw_ptr, rs_ptr,
+                            SEED_T, OFF_T, PURE_OK, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP,
+                            HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS, TOPN_KB, TOPN_RAW,
+                            TOPN_REUSE)
+    else:
+        _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
+                        c * TPC, t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure, seed_ptr,
+                        seed_s, off_ptr, off_s, hb_ptr, ft_ptr, topw_ptr, rs_ptr, SEED_T, OFF_T,
+                        PURE_OK, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
+                        HAS_BIAS, CD, R, BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
+
+
+@triton.jit
+def _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0,
+                    t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure, seed_ptr, seed_s,
+                    off_ptr, off_s, hb_ptr, ft_ptr, topw_ptr, rs_ptr, SEED_T: tl.constexpr,
+                    OFF_T: tl.constexpr, PURE_OK: tl.constexpr, TILE: tl.constexpr,
+                    E_BLOCK: tl.constexpr, KT: tl.constexpr, NWIN: tl.constexpr,
+                    D0_EXP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+                    HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
+                    R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr,
+                    TOPN_RAW: tl.constexpr, TOPN_REUSE: tl.constexpr):
+    """Stage 1's blocks [t0, t_end) of a row that is not read as greedy: a pure-temperature
+    row's draw partials (with PURE_OK), else partials and candidates."""
+    if PURE_OK:
         if pure:
             # a row-uniform branch around its own loop, so the draw's registers and the
             # candidates' are allocated apart (one loop holding both spilled under the 64 cap)
             k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
-            for t in range(c * TPC, t_end):
+            for t in range(t0, t_end):
                 _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT,
                              t, V, rep, pres, freq, tdiv, c2, la, beta, tdiv * 0.0, k0, k1,
                              hb_ptr, ft_ptr, topw_ptr, rs_ptr,
@@ -352,18 +389,28 @@ def _stats_kernel(
                              False, True, R,
                              True, False, TOPN_KB, TOPN_RAW, False)
         else:
-            _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
-                       c * TPC,
+            _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0,
                        t_end, V, rep, pres, freq, tdiv, c2, la, beta,
                        hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE,
                        E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R,
                        BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
     else:
-        _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, c * TPC,
+        _cand_loop(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0,
                    t_end, V, rep, pres, freq, tdiv, c2, la, beta,
                    hb_ptr + row * NT * NBIN, ft_ptr + row * NT, topw_ptr, rs_ptr, TILE, E_BLOCK,
                    KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS, TOPN_KB,
                    TOPN_RAW, TOPN_REUSE)
+
+
+@triton.jit
+def _greedy_loop(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t0, t_end, V, rep,
+                 pres, freq, TILE: tl.constexpr, E_BLOCK: tl.constexpr, KT: tl.constexpr,
+                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):
+    """Stage 1's blocks [t0, t_end) of a greedy row (_block_greedy)."""
+    for t in range(t0, t_end):
+        _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V, rep, pres,
+                      freq, TILE, E_BLOCK, KT, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
 
 
 @triton.jit

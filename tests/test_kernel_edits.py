@@ -105,8 +105,8 @@ def test_generate_bias_and_bans_through_the_kernel(monkeypatch):
 
 
 def test_greedy_launch_mask_and_bias_equal_the_edited_rows(monkeypatch):
-    """The greedy-only launch (a scalar T = 0: kernels/stats.py _block_greedy) applies the
-    mask and bias in its one read: the tokens of greedy over the edited copy."""
+    """Greedy blocks (kernels/stats.py _block_greedy) apply the mask and bias in their one
+    read: the tokens of greedy over the edited copy."""
     from gpu_sampler import edits
     g = torch.Generator().manual_seed(6)
     x = _rows(5, g)

@@ -1,7 +1,7 @@
 """Stage 1 (kernels/stats.py) paths that random rows never take, under the interpreter: blocks
 with NaN / +inf / an x that overflows (the flagged exact recount), all -inf blocks, greedy
-rows whose first maximum is found from the candidates or by re-reading one block (or, in a
-greedy-only launch, from each block's stored first token), and the packed slot scan at full 1024- and 256-token tiles. Each compares with the torch twin."""
+rows whose first maximum is found from the candidates or by re-reading one block (greedy
+blocks: each block's first maximum as its one candidate), and the packed slot scan at full 1024- and 256-token tiles. Each compares with the torch twin."""
 import pytest
 import torch
 
@@ -70,24 +70,30 @@ def test_every_finite_x_overflows():
 
 
 def test_greedy_first_maximum_from_candidates_or_one_block(monkeypatch):
-    """Greedy rows in a launch that may sample (a tensor temperature) take the first maximal
-    xp: from the stored candidates when the block kept any (no extra read), else by re-reading
-    that one block (> KT tied maxima, or +inf)."""
+    """Greedy rows in a call that keeps every block's candidates (here: top-N logprobs) take
+    the first maximal xp from the stored candidates when the block kept any (no extra read),
+    else by re-reading that one block (> KT tied maxima, or +inf)."""
     g = torch.Generator().manual_seed(13)
     x = torch.randn(3, 3000, generator=g)
     x[0, [2100, 600, 2900]] = 9.0             # maxima in three blocks: the first is 600
     x[1, 768:1024] = 9.0                      # 256 tied maxima in one block, 64 slots
     x[2, [2500, 1700]] = float("inf")
-    reads = LogitReads(x, monkeypatch)
-    tok, lp = _run(x, tile=256, cand=64, temperature=torch.zeros(3), seed=0)
+    tok, lp, _, _ = _run(x, tile=256, cand=64, temperature=0.0, seed=0, top_n=2)
     assert tok.tolist() == [600, 768, 1700] and torch.equal(lp, torch.zeros(3))
-    assert reads.bytes == x.numel() * 4 + 2 * 256 * 4   # rows 1 and 2 re-read one block
+    # row 0's maximum is a stored candidate: one read (rows 1 and 2 re-read a block, and
+    # the top-N's own pass re-reads them whole: its raw candidates miss their maxima)
+    reads = LogitReads(x, monkeypatch)
+    assert _run(x[:1], tile=256, cand=64, temperature=0.0, top_n=2)[0].item() == 600
+    assert reads.bytes == x.shape[1] * 4
     tw_tok, _ = _twin_tokens(x, temperature=0.0)
     assert torch.equal(tok, tw_tok)
     # with a penalty (not the twin's argmax shortcut) and a top-k that greedy ignores
     ids = torch.tensor([[600, 5, 6], [768, 7, 8], [1, 2, 3]])
-    _same_as_twin(x, tile=256, cand=64, temperature=torch.zeros(3), top_k=5,
-                  repetition_penalty=1.5, input_ids=ids)
+    tok, lp, _, _ = _run(x, tile=256, cand=64, temperature=0.0, top_k=5,
+                         repetition_penalty=1.5, input_ids=ids, top_n=2)
+    tw_tok, tw_lp = _twin_tokens(x, temperature=0.0, top_k=5, repetition_penalty=1.5,
+                                 input_ids=ids)
+    assert torch.equal(tok, tw_tok) and torch.equal(lp, tw_lp)
 
 
 def _greedy_rows():
@@ -108,37 +114,54 @@ def _greedy_rows():
     return x
 
 
-@pytest.mark.parametrize("tile,chunks", [(256, None), (1024, 2)])
-def test_greedy_launch_one_read_first_maximum(tile, chunks, monkeypatch):
-    """A launch whose every row is greedy (a scalar T = 0) reads each logit once and finds
-    the first maximal xp from each block's stored first token (kernels/stats.py
-    _block_greedy): the same tokens and logprobs as the launch that may sample (a tensor
-    T = 0: candidates and windows) and as torch.argmax, whatever the chunk count; NaN and
-    all -inf rows invalid."""
+@pytest.mark.parametrize("tile,chunks,per_row", [(256, None, False), (1024, 2, True)])
+def test_greedy_rows_read_once_first_maximum(tile, chunks, per_row, monkeypatch):
+    """Greedy rows of a call asking only tokens and logprobs (every row: a scalar T = 0; or a
+    tensor T's zeros) read each logit once and store each block's first maximal xp as its
+    one candidate (kernels/stats.py _block_greedy): the tokens of torch.argmax, whatever the
+    chunk count, equal to the candidates' path (the same call asking top-N logprobs) and to
+    a tensor T's; NaN and all -inf rows invalid. Extra reads: the block of row 2's first
+    +inf, and row 4's one pass for max xp (all -inf: the numeric policy's)."""
     x = _greedy_rows()
+    T = torch.zeros(9) if per_row else 0.0
     reads = LogitReads(x, monkeypatch)
-    tok, lp = _run(x, tile=tile, chunks=chunks, temperature=0.0, seed=0)
-    assert reads.bytes == x.numel() * 4
+    tok, lp = _run(x, tile=tile, chunks=chunks, temperature=T, seed=0)
+    assert reads.bytes == x.numel() * 4 + tile * 4 + x.shape[1] * 4
     want = x.argmax(1)
     want[[3, 4]] = -1
     assert tok.tolist() == want.tolist()
     assert tok[0] == 600 and tok[1] == 700 and tok[2] == 1700 and tok[6] == 5
     assert torch.equal(lp, torch.where(want >= 0, 0.0, float("-inf")))
-    ref = _run(x, tile=tile, chunks=chunks, temperature=torch.zeros(9), seed=0)
-    assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
+    for other in (dict(temperature=torch.zeros(9) if not per_row else 0.0), dict(top_n=3)):
+        ref = _run(x, tile=tile, chunks=chunks, seed=0, **dict(dict(temperature=T), **other))
+        assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
 
 
-def test_greedy_launch_penalties_match_twin():
-    """The greedy-only launch applies the repetition / presence / frequency penalties as the
-    sampling launch does (with a top-k, which greedy ignores)."""
+def test_greedy_rows_among_sampling_rows():
+    """A tensor T with greedy rows among top-k / top-p / min-p / pure rows: the greedy rows
+    read as greedy blocks, the others as before (the twin's tokens and logprobs)."""
+    x = _greedy_rows()[[0, 1, 2, 5, 6, 7, 8]]
+    kw = dict(tile=256, temperature=torch.tensor([0.0, 0.7, 0.0, 1.0, 0.0, 0.8, 0.0]),
+              top_k=torch.tensor([0, 20, 0, 0, 5, 0, 0]),
+              top_p=torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.9, 1.0]),
+              min_p=torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0]), seed=3,
+              offset=torch.arange(7))
+    tok, _ = _same_as_twin(x, **kw)
+    assert tok[[0, 2, 4, 6]].tolist() == x.argmax(1)[[0, 2, 4, 6]].tolist()
+
+
+def test_greedy_rows_penalties_match_twin():
+    """Greedy blocks apply the repetition / presence / frequency penalties as the candidates'
+    path does (with a top-k, which greedy ignores)."""
     x = _greedy_rows()[[0, 1, 5, 6, 7, 8]]
     g = torch.Generator().manual_seed(15)
     ids = torch.cat([x.argmax(1, keepdim=True), torch.randint(0, 3001, (6, 30), generator=g)], 1)
     kw = dict(tile=256, top_k=5, repetition_penalty=1.5, frequency_penalty=0.3,
               presence_penalty=0.2, input_ids=ids, seed=0)
     tok, lp = _same_as_twin(x, temperature=0.0, **kw)
-    ref = _run(x, temperature=torch.zeros(6), **kw)
-    assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
+    for T in (torch.zeros(6), 0.0):  # greedy blocks; the candidates (top-N asked)
+        ref = _run(x, temperature=T, top_n=0 if isinstance(T, torch.Tensor) else 2, **kw)
+        assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
     assert (tok != x.argmax(1)).any()         # the penalty moved some row's maximum
 
 
