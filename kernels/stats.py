@@ -33,6 +33,11 @@ a superset of the row's head. The block also writes that max and the smallest ex
 its head, and the merge re-reads (``_block_stats`` with the row's max) only blocks whose local
 head holds a token outside the row's head; blocks whose max is outside it are emptied.
 
+A greedy row (T == 0) of a call that asks only tokens and logprobs reads as a greedy block
+(``_block_greedy``, GREEDY / GREEDY_ROWS): one 3-operand reduction (max xp, its lowest lane,
+the NaN count) and one candidate, the block's first maximum, which is all the merge's greedy
+path reads; no exponentials, windows or slot scan.
+
 Reads: the block (V * s bytes per row in all; + V * s_a of amateur logits with CD) and its own
 history edits; writes 8 words of statistics per block plus 8 bytes per candidate (+2 words
 with CD).
@@ -310,7 +315,9 @@ def _stats_kernel(
     can have a top-p row without top-k) every other row's blocks also write the band read's
     estimate (_block_bands: 128 int16 counts + F_t, 260 bytes per block). With TOPN_KB > 0
     (top-N logprobs) every block also writes its TOPN_KB best keys (kernels/topn.py: 8 bytes
-    each, + 12 bytes of raw partials with TOPN_RAW)."""
+    each, + 12 bytes of raw partials with TOPN_RAW). GREEDY (a scalar T = 0) compiles only the
+    greedy blocks; GREEDY_ROWS (a tensor T) sends each row with T == 0 to them (both only in
+    calls asking tokens and logprobs: sampling._greedy_reads)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lrow = logits_ptr + row * stride_lb
