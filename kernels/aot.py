@@ -169,7 +169,8 @@ VARIANTS = {
     # temperature alone (T 1.0): the pure draw loop and the candidates' loop
     "stats:pure": ("stats", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False, num_warps=4,
                                  maxnreg=64)),
-    # every row greedy (a scalar T = 0): each block's max and first token, no candidates
+    # every row greedy (a scalar T = 0): each block's max and its first token as the block's
+    # one candidate; no windows or slot scan (stats._block_greedy)
     "stats:greedy": ("stats", dict(GREEDY=True, PURE_OK=False, HAS_TOPK=False, HAS_TOPP=False,
                                    HAS_REP=False, num_warps=4, maxnreg=64)),
     "stats:greedy+per-row+pf+mask+bias": ("stats", dict(

@@ -132,9 +132,10 @@ def test_greedy_rows_read_once_first_maximum(tile, chunks, per_row, monkeypatch)
     assert tok.tolist() == want.tolist()
     assert tok[0] == 600 and tok[1] == 700 and tok[2] == 1700 and tok[6] == 5
     assert torch.equal(lp, torch.where(want >= 0, 0.0, float("-inf")))
-    for other in (dict(temperature=torch.zeros(9) if not per_row else 0.0), dict(top_n=3)):
-        ref = _run(x, tile=tile, chunks=chunks, seed=0, **dict(dict(temperature=T), **other))
-        assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
+    # the other T form; the candidates' path (top-N asked: slow under the interpreter, once)
+    other = dict(top_n=3) if per_row else dict(temperature=torch.zeros(9))
+    ref = _run(x, tile=tile, chunks=chunks, seed=0, **dict(dict(temperature=T), **other))
+    assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
 
 
 def test_greedy_rows_among_sampling_rows():
@@ -153,13 +154,13 @@ def test_greedy_rows_among_sampling_rows():
 def test_greedy_rows_penalties_match_twin():
     """Greedy blocks apply the repetition / presence / frequency penalties as the candidates'
     path does (with a top-k, which greedy ignores)."""
-    x = _greedy_rows()[[0, 1, 5, 6, 7, 8]]
+    x = _greedy_rows()[[0, 6, 8]]
     g = torch.Generator().manual_seed(15)
-    ids = torch.cat([x.argmax(1, keepdim=True), torch.randint(0, 3001, (6, 30), generator=g)], 1)
+    ids = torch.cat([x.argmax(1, keepdim=True), torch.randint(0, 3001, (3, 30), generator=g)], 1)
     kw = dict(tile=256, top_k=5, repetition_penalty=1.5, frequency_penalty=0.3,
               presence_penalty=0.2, input_ids=ids, seed=0)
     tok, lp = _same_as_twin(x, temperature=0.0, **kw)
-    for T in (torch.zeros(6), 0.0):  # greedy blocks; the candidates (top-N asked)
+    for T in (torch.zeros(3), 0.0):  # greedy blocks; the candidates (top-N asked)
         ref = _run(x, temperature=T, top_n=0 if isinstance(T, torch.Tensor) else 2, **kw)
         assert torch.equal(tok, ref[0]) and torch.equal(lp, ref[1])
     assert (tok != x.argmax(1)).any()         # the penalty moved some row's maximum
