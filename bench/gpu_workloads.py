@@ -1,6 +1,7 @@
 """Issue 17's workload table measured on a CUDA device: every setting of bench/rows.py on every
 row kind, at (1, 128256) and (64, 128256) in fp32, bf16 for two row kinds at (64, 128256),
-and (256, 151936) for the settings that take the band read.
+and (256, 151936) for the settings that take the band read; greedy (a scalar T = 0 and a
+tensor T's zeros: stage 1's greedy blocks) at (64, 128256) and (256, 151936).
 
 Per case it checks, then times:
 - the token is in the kept set of the torch twin's distribution (exact support check), and how
@@ -35,15 +36,21 @@ def cases(smoke=False):
     """(B, V, dtype name, kind, setting name) in the order they run."""
     if smoke:
         return [(3, 4099, "float32", k, s) for k in ("flat", "sigma3")
-                for s in ("T1.0 p0.95", "mixed", "tuned")]
+                for s in ("T1.0 p0.95", "mixed", "tuned")] + [(3, 4099, "float32", "sigma3",
+                                                                 "greedy per-row")]
     out = [(B, 128256, "float32", k, s) for B in (1, 64) for s in list(SETTINGS) + ["tuned"]
            for k in KINDS]
     out += [(64, 128256, "bfloat16", k, s) for s in SETTINGS for k in ("sigma3", "flat")]
     out += [(256, 151936, "float32", k, s) for s in BAND + ("tuned",) for k in ("sigma3", "flat")]
+    # greedy rows as greedy blocks (stats._block_greedy): a scalar T = 0 and a tensor T's zeros
+    out += [(B, V, "float32", "sigma3", s) for B, V in ((64, 128256), (256, 151936))
+            for s in ("greedy", "greedy per-row")]
     return out
 
 
 def _setting(name, B, device):
+    if name == "greedy per-row":  # a tensor T (serving stacks, torch.compile): GREEDY_ROWS
+        return dict(temperature=torch.zeros(B, device=device)), 0
     kw, L = TUNED if name == "tuned" else SETTINGS[name]
     if kw is None:
         kw = {n: v.to(device) for n, v in mixed_kwargs(B).items()}

@@ -19,13 +19,15 @@ def test_gpu_workloads_checks_run_and_hold(tmp_path):
     import json
 
     import gpu_workloads
-    assert gpu_workloads.main(["--device", "cpu", "--smoke", "--part", "1/6",
-                               "--out", str(tmp_path)]) == 0
-    rows = json.load(open(tmp_path / "gpu_workloads.json"))["rows"]
-    assert len(rows) == 1 and "error" not in rows[0], rows
-    r = rows[0]
-    assert r["in_twin_support"] == r["tokens_equal_twin"] == r["rows"]
-    assert r["bit_identical_chunks_1_5_and_sub_batch"] is True
+    for part, setting in (("1/7", "T1.0 p0.95"), ("7/7", "greedy per-row")):
+        assert gpu_workloads.main(["--device", "cpu", "--smoke", "--part", part,
+                                   "--out", str(tmp_path)]) == 0
+        rows = json.load(open(tmp_path / "gpu_workloads.json"))["rows"]
+        assert len(rows) == 1 and "error" not in rows[0], rows
+        r = rows[0]
+        assert r["setting"] == setting
+        assert r["in_twin_support"] == r["tokens_equal_twin"] == r["rows"]
+        assert r["bit_identical_chunks_1_5_and_sub_batch"] is True
 
 
 def test_gpu_scripts_import_and_plan():
@@ -34,7 +36,7 @@ def test_gpu_scripts_import_and_plan():
     import gpu_profile
     import gpu_sweep
     import gpu_workloads
-    assert len(gpu_workloads.cases()) == 2 * 4 * 10 + 2 * 9 + 2 * 5
+    assert len(gpu_workloads.cases()) == 2 * 4 * 10 + 2 * 9 + 2 * 5 + 4
     assert {s for _, _, _, s in gpu_determinism.CASES} >= {"T1.0 p0.95", "mixed", "tuned"}
     assert gpu_sweep.GEOMS[0] == (None, None)  # the plan's own geometry first: the baseline
     assert "greedy" in gpu_profile.SETTINGS
