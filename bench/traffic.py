@@ -42,6 +42,7 @@ from rows import request_edits  # noqa: E402
 CASES = [(1, 32000), (1, 128256), (8, 128256), (64, 128256), (256, 151936)]
 FULL = dict(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2)
 TOP_P = dict(temperature=0.7, top_p=0.9)
+GREEDY = dict(temperature=0.0, repetition_penalty=1.2)  # greedy blocks (kernels/stats.py)
 
 
 class Counter:
@@ -239,7 +240,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|" + "---|" * (a.cd + a.edits))
     for B, V in cases:
         for name, kw, L in (("rp1.2 T0.7 k50 p0.9", FULL, 128), ("rp1.2 T0.7 k50 p0.9", FULL, 4096),
-                            ("T0.7 p0.9", TOP_P, 0)):
+                            ("T0.7 p0.9", TOP_P, 0), ("rp1.2 greedy", GREEDY, 128)):
             rows = min(B, a.rows)
             c = measure(mod, B, V, L, kw, rows, cd=a.cd, with_edits=a.edits, top_n=a.top_n)
             (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
