@@ -45,8 +45,8 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _gumbel_fast, _maxmin_combine, _pack_cand, _param,
-                     _penalised_tile, _pure_row, _row_key, _row_scale)
+from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _maxmin_combine, _pack_cand,
+                     _param, _penalised_tile, _pure_row, _row_key, _row_scale)
 from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
@@ -213,10 +213,11 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
 
 @triton.jit
 def _greedy_combine(v1, i1, n1, v2, i2, n2):
-    """(max, its lowest lane, summed count): NaN operands lose every comparison, so a block
-    holding one gets some finite or NaN max here and is redone (its count is > 0)."""
-    take1 = (v1 > v2) | ((v1 == v2) & (i1 < i2))
-    return tl.where(take1, v1, v2), tl.where(take1, i1, i2), n1 + n2
+    """(max, its lowest lane, summed count): the draw's own rule (common._better: the larger,
+    the lower id on a tie). NaN operands lose every comparison, so a block holding one gets
+    some finite or NaN max here and is redone (its count is > 0)."""
+    v, i, _ = _better(v1, i1, v1, v2, i2, v2)
+    return v, i, n1 + n2
 
 
 @triton.jit
