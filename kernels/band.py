@@ -59,8 +59,9 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_Z, BAND_ROW, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _maxmin_combine,
-                     _param, _penalised_tile, _pivot_update, _pivots, _row_key, _row_scale)
+from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _kept_slots,
+                     _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots, _row_key,
+                     _row_scale)
 from .merge import _row_pass
 from .second import HANDED, _finish_sampled, _gather_program
 from .stats import F_LO, NF
@@ -84,7 +85,8 @@ def _bucket(x, fmax, jc):
 def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
                 rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
                 TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
-                HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                R: tl.constexpr):
     """Block t of a band row (module docstring): its partials, its band tokens appended at
     its offset in block order (rank = the lane's order among the block's band tokens) and
     added into the row's bucket table (integer atomics: the same sums in any order)."""
@@ -99,16 +101,19 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     band = fin & (J >= ja) & (J <= jc)
     kept = above & (e >= minp)
     score = tl.where(kept, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-    ib = tl.argmax(score, 0, tie_break_left=True)
-    hit = tl.arange(0, TILE) == ib
+    # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is kept)
+    s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     tl.store(gf + G_WA * NT + t, tl.sum(tl.where(above, e, 0.0), axis=0))
     tl.store(gf + G_WK * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
-    tl.store(gf + G_S * NT + t, tl.max(score, axis=0))
-    tl.store(gf + G_X * NT + t, tl.max(tl.where(hit, x, float("-inf")), axis=0))
+    tl.store(gf + G_S * NT + t, s_b)
+    tl.store(gf + G_X * NT + t, x_b)
     tl.store(gf + G_AMIN * NT + t, tl.min(tl.where(above, x, float("inf")), axis=0))
     tl.store(gf + G_BMAX * NT + t, tl.max(tl.where(fin & (J > jc), x, float("-inf")), axis=0))
-    tl.store(gi + t, (t * TILE + ib).to(tl.int32))
-    pos = off_t + tl.cumsum(band.to(tl.int32), 0) - 1
+    tl.store(gi + t, (t * TILE + i_b).to(tl.int32))
+    if HAS_PF:  # the packed scan's int64 fields spill 8 bytes under this variant's 72 cap
+        pos = off_t + tl.cumsum(band.to(tl.int32), 0) - 1
+    else:
+        pos = off_t + _kept_slots(band, TILE, R)
     sel = band & (pos < CAP)  # by construction always (the plan counted the same bins)
     tl.store(xs_ptr + base + pos, x, mask=sel)
     tl.store(is_ptr + base + pos, offs, mask=sel)
@@ -127,7 +132,7 @@ def _band_gather_kernel(
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, R: tl.constexpr,
     SECOND: tl.constexpr = False,
 ):
     """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a band
@@ -167,7 +172,7 @@ def _band_gather_kernel(
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
                             tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
                             NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
-                            TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
+                            TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R)
 
 
 @triton.jit

@@ -133,6 +133,30 @@ def _gumbel_fast(k0, k1, offs):
     return _gumbel_of_fast(_uniform(k0, k1, offs))
 
 
+@triton.jit
+def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
+    """Exclusive rank of each kept lane in id order (its slot among the block's candidates in
+    stage 1, among the block's band tokens in the band gather).
+
+    The tile is viewed as [TILE / R, R] with R = the program's threads: with one element per
+    thread, row r of thread j is lane r * R + j, so each thread packs its rows' keep bits into
+    one int64 (FW bits a row) and a single scan over the R threads ranks every row at once
+    (a per-lane cumsum scans each row separately). No field carries: a row holds <= R lanes."""
+    NREP: tl.constexpr = TILE // R
+    FW: tl.constexpr = 8 if R < 256 else 16
+    kept = keep.to(tl.int32)
+    if NREP == 1 or NREP * FW > 64:
+        slot = tl.cumsum(kept, 0) - kept
+    else:
+        sh = (tl.arange(0, NREP) * FW).to(tl.int64)[:, None]
+        packed = tl.sum(tl.reshape(kept, [NREP, R]).to(tl.int64) << sh, axis=0)
+        excl = tl.cumsum(packed, 0) - packed
+        rowtot = (tl.sum(packed, axis=0) >> sh) & ((1 << FW) - 1)
+        slot2 = (tl.cumsum(rowtot, 0) - rowtot) + ((excl[None, :] >> sh) & ((1 << FW) - 1))
+        slot = tl.reshape(slot2, [TILE]).to(tl.int32)
+    return slot
+
+
 # the draw's tie rule: the largest score, the lowest token id among equal scores
 NO_ID = tl.constexpr(2147483647)
 

@@ -439,8 +439,8 @@ def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
         tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        num_warps=c.num_warps, SECOND=both is not None, **_gather_regs(c, both),
-        **_band_const(c))
+        num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps), SECOND=both is not None,
+        **_gather_regs(c, both), **_band_const(c))
     if both and c.top.state:
         _finish_second(c, *sq, tok, logp, second.sf, second.write_probs)
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]

@@ -45,8 +45,9 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _maxmin_combine, _pack_cand,
-                     _param, _penalised_tile, _pure_row, _row_key, _row_scale)
+from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots,
+                     _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
+                     _row_scale)
 from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
@@ -60,29 +61,6 @@ NI = tl.constexpr(5)
 # (kernels/merge.py, "pure temperature")
 DRAW_SLACK = tl.constexpr(2.0 ** -20)
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
-    """Exclusive rank of each kept lane in id order (its slot among the block's candidates).
-
-    The tile is viewed as [TILE / R, R] with R = the program's threads: with one element per
-    thread, row r of thread j is lane r * R + j, so each thread packs its rows' keep bits into
-    one int64 (FW bits a row) and a single scan over the R threads ranks every row at once
-    (a per-lane cumsum scans each row separately). No field carries: a row holds <= R lanes."""
-    NREP: tl.constexpr = TILE // R
-    FW: tl.constexpr = 8 if R < 256 else 16
-    kept = keep.to(tl.int32)
-    if NREP == 1 or NREP * FW > 64:
-        slot = tl.cumsum(kept, 0) - kept
-    else:
-        sh = (tl.arange(0, NREP) * FW).to(tl.int64)[:, None]
-        packed = tl.sum(tl.reshape(kept, [NREP, R]).to(tl.int64) << sh, axis=0)
-        excl = tl.cumsum(packed, 0) - packed
-        rowtot = (tl.sum(packed, axis=0) >> sh) & ((1 << FW) - 1)
-        slot2 = (tl.cumsum(rowtot, 0) - rowtot) + ((excl[None, :] >> sh) & ((1 << FW) - 1))
-        slot = tl.reshape(slot2, [TILE]).to(tl.int32)
-    return slot
 
 
 @triton.jit

@@ -83,6 +83,28 @@ def test_band_finish_programs_do_not_change_the_answer(monkeypatch):
         assert torch.equal(out[fp][0], out[16][0]) and torch.equal(out[fp][1], out[16][1])
 
 
+def test_band_gather_ranks_at_full_blocks(monkeypatch):
+    """1024-token blocks at 4 warps, the GPU's geometry (the tests above use 64-token blocks,
+    where the rank is a plain cumsum): the gather ranks a block's band tokens with the packed
+    scan (common._kept_slots), or with a cumsum under presence / frequency penalties (the
+    packed fields spilled at that variant's register cap). Both place every band token where
+    the plan's offsets say: the twin's tokens, one read by the gather, the same bits on one
+    chunk."""
+    g = torch.Generator().manual_seed(68)
+    V = 8191
+    x = torch.randn(2, V, generator=g)
+    ids = torch.randint(0, V, (2, 24), generator=g)
+    for pen in ({}, dict(presence_penalty=0.4, frequency_penalty=0.2, input_ids=ids)):
+        kw = dict(temperature=1.0, top_p=0.95, seed=torch.tensor([5, 6]), offset=2, **pen)
+        reads = KernelReads(x, monkeypatch)
+        tok, lp = _run(x, num_warps=4, **kw)
+        assert reads.bytes["_band_gather_kernel"] == x.numel() * 4
+        assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no band failed
+        _check(x, kw, tok, lp)
+        tok_c, lp_c = _run(x, num_warps=4, chunks=1, **kw)
+        assert torch.equal(tok_c, tok) and torch.equal(lp_c, lp)
+
+
 @pytest.mark.slow  # 14 s; the default run keeps bf16 band rows in test_kernel_speculative.py
 def test_band_per_row_mix_bf16(monkeypatch):
     """Per-row tensors mixing greedy, top-k, top-p, top-p + min-p and min-p rows on bf16 logits:
