@@ -25,7 +25,7 @@ Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches a
 import triton
 import triton.language as tl
 
-from .common import _gumbel, _param, _penalised_tile, _row_key, _row_scale
+from .common import _better, _gumbel, _param, _penalised_tile, _row_key, _row_scale
 
 # row plan the merge writes for every row (float32 [B, 4]; the hand-over itself is flagged in
 # the merge's outputs: token -2, or Z_f -1 for the distribution); block partials the gather
@@ -64,12 +64,12 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
     e = tl.exp(x - M)
     kept = inb & (x >= HI) & (x > float("-inf")) & (e >= minp)
     score = tl.where(kept, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-    ib = tl.argmax(score, 0, tie_break_left=True)
-    hit = tl.arange(0, TILE) == ib
+    # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is kept)
+    s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     tl.store(qf + Q_ZF * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
-    tl.store(qf + Q_S * NT + t, tl.max(score, axis=0))
-    tl.store(qf + Q_X * NT + t, tl.max(tl.where(hit, x, float("-inf")), axis=0))
-    tl.store(qi + Q_ID * NT + t, (t * TILE + ib).to(tl.int32))
+    tl.store(qf + Q_S * NT + t, s_b)
+    tl.store(qf + Q_X * NT + t, x_b)
+    tl.store(qi + Q_ID * NT + t, (t * TILE + i_b).to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "seed_s", "off_s"])
