@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _splitmix64, _uniform
+from .common import _gumbel, _gumbel_of, _splitmix64, _uniform
 from .launch import next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
@@ -62,7 +62,7 @@ def _final_keys(bc, bi, M, logz, a, T, k0, k1, NORMALIZE: tl.constexpr, HAS_NOIS
     key = v
     if HAS_NOISE:
         u = _uniform(k0, k1, tl.where(bi >= 0, bi, 0))
-        key = v + (-tl.log(-tl.log(u)))
+        key = v + _gumbel_of(u)
     return v, key
 
 
@@ -123,7 +123,7 @@ def _beam_step_kernel(
             c = tl.where(cm == float("-inf"), float("-inf"), x)
         g = tl.zeros([TILE], tl.float32)
         if HAS_NOISE:
-            g = -tl.log(-tl.log(_uniform(k0, k1, offs)))
+            g = _gumbel(k0, k1, offs)
         ids = tl.where(inb, offs, -1)
         if HAS_REP:
             seen = tl.zeros([TILE], dtype=tl.int32)

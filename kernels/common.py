@@ -86,7 +86,15 @@ def _uniform(k0, k1, offs):
 
 @triton.jit
 def _gumbel(k0, k1, offs):
-    return -tl.log(-tl.log(_uniform(k0, k1, offs)))
+    """The draw's Gumbel noise of a token: -ln(-ln u), u = _uniform(k0, k1, offs)."""
+    return _gumbel_of(_uniform(k0, k1, offs))
+
+
+@triton.jit
+def _gumbel_of(u):
+    """-ln(-ln u) in fp32 (+inf at u = 1, _uniform's one rounded-up value), as the twin's torch
+    chain (gpu_sampler/rng.py); every kernel's noise, the beam kernels' included."""
+    return -tl.log(-tl.log(u))
 
 
 # ln(1 + f) / f for f in [-1/3, 1/3): a degree-6 fit (relative error 2^-19.8), Horner from the top
