@@ -325,30 +325,21 @@ def _stats_kernel(
         pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
-    if GREEDY:
+    # GREEDY (a scalar T = 0) compiles only the greedy loop; with GREEDY_ROWS (a tensor T) a
+    # greedy row takes it in a row-uniform branch, as the pure rows take theirs
+    greedy = GREEDY
+    if not GREEDY:
+        if GREEDY_ROWS:
+            greedy = T == 0.0
+    if greedy:
         _greedy_loop(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, c * TPC, t_end, V,
                      rep, pres, freq, TILE, E_BLOCK, KT, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS)
-    elif GREEDY_ROWS:
-        if T == 0.0:
-            # a row-uniform branch, as the pure rows': a greedy row of a launch that may
-            # sample reads as a greedy launch's rows do
-            _greedy_loop(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, c * TPC,
-                         t_end, V, rep, pres, freq, TILE, E_BLOCK, KT, HAS_REP, HAS_PF,
-                         HAS_MASK, HAS_BIAS)
-        else:
-            _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row,
-                            NT, c * TPC, t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure,
-                            seed_ptr, seed_s, off_ptr, off_s, hb_ptr, ft_ptr, topw_ptr, rs_ptr,
-                            SEED_T, OFF_T, PURE_OK, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP,
-                            HAS_PF, HAS_MASK, HAS_BIAS, CD, R, BANDS, TOPN_KB, TOPN_RAW,
-                            TOPN_REUSE)
     else:
         _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT,
                         c * TPC, t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure, seed_ptr,
                         seed_s, off_ptr, off_s, hb_ptr, ft_ptr, topw_ptr, rs_ptr, SEED_T, OFF_T,
                         PURE_OK, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
                         HAS_BIAS, CD, R, BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
-
 
 @triton.jit
 def _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0,
