@@ -27,7 +27,7 @@ PTR = {"logits_ptr": "*fp32", "ids_ptr": "*i64", "plen_ptr": "*i64", "temp_ptr":
        "tab_ptr": "*i64", "gi_ptr": "*i32", "topw_ptr": "*i64", "rs_ptr": "*fp32",
        "lp_ptr": "*fp32", "sx_ptr": "*fp32", "sp_ptr": "*fp32", "spi_ptr": "*i64",
        "nl_ptr": "*i64", "q_ptr": "*fp32", "d_ptr": "*i64",
-       "pf_ptr": "*fp32", "pi_ptr": "*i32", "pd_ptr": "*fp32"}
+       "pf_ptr": "*fp32", "pi_ptr": "*i32", "pd_ptr": "*fp32", "cnt_ptr": "*i32"}
 I64 = {"plen_s", "topk_s", "seed_s", "off_s"}
 F32 = {"temp_s", "topp_s", "minp_s", "rep_s", "pres_s", "freq_s", "la_s", "beta_s"}
 PER_ROW = dict(TEMP_T=True, TOPK_T=True, TOPP_T=True, MINP_T=True, REP_T=True, PRES_T=True,
@@ -80,6 +80,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     # as the launcher: the band read when a row can have top-p without top-k
     consts.setdefault("BANDS", consts["HAS_TOPP"] and (consts["TOPK_T"] or not consts["HAS_TOPK"])
                       and not consts["CD"] and not consts["WRITE_PROBS"])
+    # as the launcher: stage 1 resets the merge's counts of second-read rows when there can be any
+    consts.setdefault("SHARE", consts["SECOND"] or consts["BANDS"])
     if "R" in fn.arg_names:  # the launcher's scan width: the program's threads, at most TILE
         consts.setdefault("R", min(consts["TILE"], 32 * num_warps))
     options = {"num_warps": num_warps}
@@ -194,7 +196,7 @@ VARIANTS = {
     "write_probs": ("write_probs", dict(HAS_MINP=True, num_warps=4)),
     # the second read of rows the merge hands over (min-p alone, unproven pure temperature)
     "gather": ("gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, S_ZF=2, NS=5,
-                              num_warps=4)),
+                              num_warps=4, maxnreg=64)),
     "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4)),
     "finish:distribution": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, WRITE_PROBS=True,
                                            num_warps=4)),
@@ -203,18 +205,19 @@ VARIANTS = {
     "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
                                              maxnreg=72)),
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
-    # the gather as the launcher caps it (sampling._gather_regs): 64, 72 with pres./freq.
+    # the gather as the launcher caps it (sampling._gather_regs): 64, 88 with pres./freq., 80
+    # with the second read's gather
     "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4,
                                               maxnreg=64)),
     "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4,
-                                        maxnreg=72)),
+                                        maxnreg=88)),
     # both hand-overs in one launch: the band gather runs the second read's gather too
     "band_gather:per-row+minp+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                             HAS_REP=False, SECOND=True,
-                                                            num_warps=4, maxnreg=72)),
+                                                            num_warps=4, maxnreg=80)),
     "band_gather:per-row+minp+pf+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                                HAS_PF=True, SECOND=True,
-                                                               num_warps=4, maxnreg=72)),
+                                                               num_warps=4, maxnreg=88)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=512,
                                         SB2=256, NPIV2=16, FP=16, SEG=64, SECOND=False,
                                         maxnreg=128)),

@@ -63,7 +63,8 @@ from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _k
                      _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots, _row_key,
                      _row_scale)
 from .merge import _row_pass
-from .second import HANDED, _finish_sampled, _gather_program
+from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
+                     _row_share)
 from .stats import F_LO, NF
 
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
@@ -123,7 +124,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "seed_s", "off_s"])
 def _band_gather_kernel(
-    logits_ptr, stride_lb, V, NT, TPC, CAP,
+    logits_ptr, stride_lb, V, NT, TPC, CAP, cnt_ptr,
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
@@ -135,24 +136,27 @@ def _band_gather_kernel(
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, R: tl.constexpr,
     SECOND: tl.constexpr = False,
 ):
-    """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a band
-    row whose plan succeeded: reads each of those blocks once (V s bytes per row in all, + its
-    history edits), writes 7 words per block and 8 bytes per band token; other rows read only
-    their token (and the plan's flag). With SECOND (a launch that also has the second read,
-    kernels/second.py) it is that read's gather too: rows the merge handed over there (token
-    -2) run second._gather_program here, the same code at the same geometry, one launch fewer
-    (rf, qf, qi: its plan and block partials; dummies otherwise)."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
+    """Grid (B, C); the band rows share its programs (second._row_share: with every row a band
+    row, program (row, c) owns stage 1's blocks). For a band row whose plan succeeded: reads
+    each of its blocks once (V s bytes per row in all, + its history edits), writes 7 words per
+    block and 8 bytes per band token; every program reads the merge's count and its own row's
+    token, and the B tokens where only some rows are band rows. With SECOND (a
+    launch that also has the second read, kernels/second.py) it is that read's gather too: the
+    rows the merge handed over there (token -2) share the grid the same way and run
+    second._gather_program, one launch fewer (rf, qf, qi: its plan and block partials; dummies
+    otherwise)."""
     if SECOND:
-        _gather_program(row, c, logits_ptr, stride_lb, V, NT, TPC, edits_ptr, stride_eb, bnd_ptr,
-                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
-                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-                        rf_ptr, tok_ptr, tok_ptr, qf_ptr, qi_ptr, logits_ptr, 0, logits_ptr,
-                        0.0, logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
-                        OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
-                        False, False, False, False, 0, 1)
-    if tl.load(tok_ptr + row) == BAND_ROW:
+        ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_HANDED, 0, 1)
+        if ok:
+            _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb,
+                            bnd_ptr, x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr,
+                            pres_s, freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr,
+                            off_s, rf_ptr, qf_ptr, qi_ptr, logits_ptr, 0, logits_ptr, 0.0,
+                            logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
+                            HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, False,
+                            False, False)
+    ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1)
+    if ok:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
             T, rep, pres, freq, tdiv = _row_scale(
                 temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
@@ -166,7 +170,7 @@ def _band_gather_kernel(
             jc = tl.load(bi_ptr + row * NBI + I_JC)
             k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
             lrow = logits_ptr + row * stride_lb
-            for t in range(c * TPC, tl.minimum(c * TPC + TPC, NT)):
+            for t in range(t0, t1):
                 _band_block(lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                             x_ptr + row * stride_xb, gf_ptr + row * NG * NT, gi_ptr + row * NT,
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
+from .second import HANDED, SHARE_BAND, SHARE_HANDED
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
                      _best, _better, _cand_id, _cand_x, _gumbel, _head, _maxmin_combine, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
@@ -376,7 +377,7 @@ def _merge_kernel(
     wf_ptr, wi_ptr, cand_ptr, xs_ptr, is_ptr,
     tok_ptr, logp_ptr, sf_ptr, si_ptr, rf_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
-    hb_ptr, ft_ptr, bf_ptr, bi_ptr, boff_ptr, tab_ptr,
+    hb_ptr, ft_ptr, bf_ptr, bi_ptr, boff_ptr, tab_ptr, cnt_ptr,
     TEMP_T: tl.constexpr, TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr,
     REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -752,6 +753,8 @@ def _merge_kernel(
         tl.store(sf_ptr + row * NS + S_ME, Me)
         if not KEEP_LIST:
             _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
+        if SECOND:
+            _count_row(cnt_ptr + SHARE_HANDED, z_f < 0.0)
     else:
         tok = tl.where(greedy, gidx, bidx)
         tok = tl.where(valid, tok, -1)
@@ -759,6 +762,18 @@ def _merge_kernel(
         lp = tl.where(valid, lp, float("-inf"))
         tl.store(tok_ptr + row, tok)
         tl.store(logp_ptr + row, lp)
+        if SECOND:
+            _count_row(cnt_ptr + SHARE_HANDED, tok == HANDED)
+        if BANDS:
+            _count_row(cnt_ptr + SHARE_BAND, tok == BAND_ROW)
+
+
+@triton.jit
+def _count_row(cnt_ptr, busy):
+    """Counts a row whose stored flag hands it to a second read, for the gathers' share of
+    their grid (kernels/second.py _row_share: a hint, reset by stage 1). Nothing waits on it
+    (a REDG in the SASS)."""
+    tl.atomic_add(cnt_ptr, 1, mask=busy, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["TPC"])

@@ -47,7 +47,7 @@ from .band import NG, NSP, NSPI, _band_finish_kernel, _band_gather_kernel
 from .band_plan import NBF, NBI, NBUCK
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .residual import NP, NPI, _residual_finish, _residual_kernel
-from .second import NQ, NQI, NR, _finish_kernel, _gather_kernel
+from .second import NQ, NQI, NR, NSHARE, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 from .topn import NRAW, _top_n_kernel
 
@@ -63,6 +63,13 @@ STATS_SLOTS_PF = 7 * SMS
 # 122 registers without spills (64 spilled 336 bytes, 96 spilled 24): 4 programs per SM.
 STATS_REGS_TOPN = 128
 STATS_SLOTS_TOPN = 4 * SMS
+# The band gather with the second read's gather in the same launch: 80 registers (72 spilled
+# 8-20 bytes once its row came from second._row_share, not the program id), 6 programs per SM;
+# with presence / frequency penalties 88 (80 spilled 4 bytes), 5 per SM.
+GATHER_REGS_WIDE = 80
+GATHER_SLOTS_WIDE = 6 * SMS
+GATHER_REGS_PF = 88
+GATHER_SLOTS_PF = 5 * SMS
 RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
@@ -161,8 +168,9 @@ class _Call:
     top: "_Top"             # top-N logprobs (kernels/topn.py), kb = 0 when off
     regs: int               # stage 1's register cap (_stage1_budget)
     fuse: bool = False      # one gather launch for the second read and the band read: a call
-                            # with both whose gather fits one wave at 72 registers (B <= 7 at
-                            # V = 128256, from the planned batch)
+                            # with both whose gather fits one wave at its register cap
+                            # (B <= 6 at V = 128256, 5 with presence / frequency penalties;
+                            # from the planned batch)
     fp: int = 16            # band finish programs per row (_band_programs, the planned batch)
     greedy: bool = False    # every row greedy (a scalar T = 0), nothing but tokens and their
                             # logprobs asked: stage 1 writes each block's max and first token
@@ -338,23 +346,23 @@ def _penalty_args(c):
     return (*c.p["temp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair())
 
 
-def _launch_stats(c, wf, wi, cand, hb, ft):
+def _launch_stats(c, wf, wi, cand, hb, ft, cnt):
     """Stage 1 (kernels/stats.py), grid (B, C): the one read of the logits."""
     g, L = c.g, c.logits
     # stride_lb / stride_ab are not specialised (kernels/stats.py: one element per thread)
     _stats_kernel[(L.shape[0], g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["seed"].pair(),
-        *c.p["off"].pair(), wf, wi, cand, hb, ft, c.top.topw, c.top.rs, *c.cdargs, c.wc,
+        *c.p["off"].pair(), wf, wi, cand, hb, ft, c.top.topw, c.top.rs, cnt, *c.cdargs, c.wc,
         KT=g["KT"], NWIN=8, D0_EXP=-2, BANDS=c.bands, TOPN_KB=c.top.kb, TOPN_RAW=c.top.raw,
         TOPN_REUSE=c.top.reuse,
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
         **_regs(c.regs),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
-        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, **c.const)
+        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, SHARE=c.second or c.bands, **c.const)
 
 
-def _launch_merge(c, work, out, band, write_probs, npiv, max_rounds, keep_list=False):
+def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_list=False):
     """The merge (kernels/merge.py), grid (B,): thresholds, draw, logprob, exact fallback, and
     the band plan of rows it hands to the band read."""
     g, L = c.g, c.logits
@@ -363,7 +371,7 @@ def _launch_merge(c, work, out, band, write_probs, npiv, max_rounds, keep_list=F
         L, L.stride(0), L.shape[1], g["NT"], *c.hist, *c.p["temp"].pair(),
         *c.p["topk"].pair(), *c.p["topp"].pair(), *c.p["minp"].pair(), *c.p["rep"].pair(),
         *c.p["pres"].pair(), *c.p["freq"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(),
-        *work, *out, *c.cdargs, c.wc, *band,
+        *work, *out, *c.cdargs, c.wc, *band, cnt,
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes,
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
@@ -392,15 +400,18 @@ class _Second(NamedTuple):
     gather: bool
 
 
-def _launch_second(c, s, tok, logp, finish):
+def _launch_second(c, s, tok, logp, cnt, finish):
     """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,), unless
-    the band finish does it (``finish`` False)."""
+    the band finish does it (``finish`` False). The gather is capped at stage 1's 64 registers
+    (8 programs per SM; uncapped it took 93 once its row came from second._row_share), but
+    with contrastive decoding (64 spilled 44 bytes there)."""
     g, L = c.g, c.logits
     _gather_kernel[(L.shape[0], g["C"])](
-        L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *_penalty_args(c),
+        L, L.stride(0), L.shape[1], g["NT"], g["TPC"], cnt, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), s.rf, tok, s.sf, s.qf,
         s.qi, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps, **c.const)
+        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps,
+        **({} if c.const["CD"] else _regs(STATS_REGS)), **c.const)
     if finish:
         _finish_second(c, s.rf, s.qf, s.qi, tok, logp, s.sf, s.write_probs)
 
@@ -413,7 +424,7 @@ def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
         WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4)
 
 
-def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
+def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None):
     """The band read (kernels/band.py), planned by the merge: gather (B, C), finish (B,). With
     ``second`` (a _Second: the call can have second-read rows, token -2, disjoint from the
     band's -3 ones) the band finish is their finish too (SECOND), one launch fewer, except in
@@ -435,7 +446,7 @@ def _launch_band(c, tok, logp, band, xs, wf, npiv, max_rounds, second=None):
     sq = (second.rf, second.qf, second.qi) if second else (L, L, L)
     both = second if second and second.gather else None
     _band_gather_kernel[(B, g["C"])](
-        L, L.stride(0), L.shape[1], NT, g["TPC"], cap, *c.hist, *_penalty_args(c),
+        L, L.stride(0), L.shape[1], NT, g["TPC"], cap, cnt, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, bf, bi, ft, boff,
         tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
@@ -474,12 +485,14 @@ def _band_programs(B, dev):
 
 def _gather_regs(c, second=None):
     """The band gather's register cap: 64 (8 programs per SM, as stage 1; B = 64 runs one
-    wave) where that spills nothing, 72 with presence / frequency penalties or with the second
-    read's gather in the same launch (64 spilled 4 bytes there), none with a mask or a bias (a
-    cap spills there: kernels/README.md)."""
+    wave) where that spills nothing, GATHER_REGS_PF with presence / frequency penalties,
+    GATHER_REGS_WIDE with the second read's gather in the same launch, none with a mask or a
+    bias (a cap spills there: kernels/README.md)."""
     if c.const["HAS_MASK"] or c.const["HAS_BIAS"]:
         return {}
-    return _regs(72 if c.const["HAS_PF"] or second else 64)
+    if c.const["HAS_PF"]:
+        return _regs(GATHER_REGS_PF)
+    return _regs(GATHER_REGS_WIDE if second else 64)
 
 
 def _band_const(c):
@@ -614,7 +627,8 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
     # stage 1: small programs, 8 resident per SM at <= 64 registers
     return _Call(logits, g, p, tuple(hist), cdargs, wc, const, modes, pure_ok, second, bands,
                  wide, 4 if num_warps is None else num_warps, _top(logits, g, *top, reuse), regs,
-                 second and bands and (plan_batch or B) * g["C"] <= STATS_SLOTS_PF,
+                 second and bands and (plan_batch or B) * g["C"] <= (
+                     GATHER_SLOTS_PF if has_pf else GATHER_SLOTS_WIDE),
                  _band_programs(plan_batch or B, logits.device),
                  *_greedy_reads(v["temperature"], write_probs, amateur_logits, top[0]))
 
@@ -675,7 +689,9 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
             _workspace((B, NI.value, NT), torch.int32, dev),
             _workspace((B, NT, KT), torch.int64, dev))
     band = _band_work(c)
-    _launch_stats(c, *work, band.hb, band.ft)
+    # the merge's counts of rows that take a second read (kernels/second.py _row_share)
+    cnt = _workspace((NSHARE.value,), torch.int32, dev) if c.second or c.bands else c.logits
+    _launch_stats(c, *work, band.hb, band.ft, cnt)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)
         si = _workspace((B, 2), torch.int32, dev)
@@ -685,15 +701,15 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
         sf, si = (c.top.sf, c.top.si) if c.top.state else (tok, tok)
     rf = _workspace((B, NR.value), torch.float32, dev) if c.second else c.logits
     xs = (_workspace((B, NT * KT), torch.float32, dev), _workspace((B, NT * KT), torch.int32, dev))
-    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), band, write_probs, npiv, max_rounds,
-                  residual is not None)
+    _launch_merge(c, (*work, *xs), (tok, logp, sf, si, rf), band, cnt, write_probs, npiv,
+                  max_rounds, residual is not None)
     # both hand-overs: the band finish finishes both kinds of rows, and with c.fuse one
     # gather launch reads both (kernels/band.py)
     second = _Second(rf, *_second_work(c), sf, write_probs, c.fuse) if c.second else None
     if second and not c.fuse:
-        _launch_second(c, second, tok, logp, finish=not c.bands or c.top.state)
+        _launch_second(c, second, tok, logp, cnt, finish=not c.bands or c.top.state)
     if c.bands:
-        _launch_band(c, tok, logp, band, xs, work[0], npiv, max_rounds, second)
+        _launch_band(c, tok, logp, band, xs, work[0], cnt, npiv, max_rounds, second)
     if residual is not None:
         return _launch_residual(c, sf, si, xs, *residual)
     if write_probs:

@@ -21,10 +21,20 @@ writes its plan (M, Me, lmin) to rf; the launcher runs both launches only when a
 can have min-p without top-k / top-p.
 
 Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches are (B, C).
+
+Who reads what (_row_share): where only n < B rows take a gather (rows handed over here, band
+rows in kernels/band.py), they share all B C programs of its grid, P // n a row in row order,
+each a contiguous run of blocks, instead of their own C while the rest of the grid idles: a
+mixed batch at B = 64, V = 128256 with 13 band rows reads 2 blocks a program instead of 8. The
+merge counts such rows (one relaxed atomic add a row, after its flag; stage 1 resets the
+counts); with n = B or 0 program (row, c) keeps stage 1's blocks of its own row. The count only
+picks the path: the spread share comes from the rows' flags themselves. Every output is per
+block, so no split changes a bit.
 """
 import triton
 import triton.language as tl
 
+from .band_plan import BAND_ROW
 from .common import _better, _gumbel, _param, _penalised_tile, _row_key, _row_scale
 
 # row plan the merge writes for every row (float32 [B, 4]; the hand-over itself is flagged in
@@ -37,17 +47,97 @@ Q_ZF, Q_S, Q_X = (tl.constexpr(i) for i in range(3))
 NQ = tl.constexpr(3)
 Q_ID = tl.constexpr(0)
 NQI = tl.constexpr(1)
+# which rows a gather serves (_row_share): band rows (token -3), rows handed over here (token -2),
+# or handed over in a distribution call (Z_f -1); the rows' flags are read RB at a time
+BUSY_BAND, BUSY_HANDED, BUSY_HANDED_ZF = (tl.constexpr(i) for i in range(3))
+SHARE_RB = tl.constexpr(128)
+# the merge's counts of them (int32 [NSHARE]; stage 1 resets them, the merge adds one a row)
+SHARE_BAND, SHARE_HANDED = (tl.constexpr(i) for i in range(2))
+NSHARE = tl.constexpr(2)
+
+
+@triton.jit
+def _takes(tok_ptr, sf_ptr, r, rin, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr):
+    """Does row r (a scalar or a vector, rin its mask) take the read MODE?"""
+    if MODE == BUSY_HANDED_ZF:
+        busy = tl.load(sf_ptr + r * NS + S_ZF, mask=rin, other=0.0) < 0.0
+    else:
+        flag = tl.load(tok_ptr + r, mask=rin, other=0)
+        if MODE == BUSY_BAND:
+            busy = flag == BAND_ROW
+        else:
+            busy = flag == HANDED
+    return busy & rin
+
+
+@triton.jit
+def _busy_rows(tok_ptr, sf_ptr, r0, B, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr):
+    """Rows [r0, r0 + SHARE_RB) that take the read MODE (False past the batch), as int32."""
+    r = r0 + tl.arange(0, SHARE_RB)
+    return _takes(tok_ptr, sf_ptr, r, r < B, MODE, S_ZF, NS).to(tl.int32)
+
+
+@triton.jit
+def _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC, MODE: tl.constexpr, S_ZF: tl.constexpr,
+               NS: tl.constexpr):
+    """This program's share of a gather (module docstring): (it has one, the row, its blocks
+    [t0, t1)). cnt is the merge's count of the rows that take it (an atomic add a row; stage 1
+    reset it): with every row or none of them, program (row, c) has stage 1's blocks of its
+    own row (one load, beside its own flag's); with some, the share is spread over the grid
+    (_spread_share, from the flags themselves: the count only picks the path, so a wrong one
+    would cost time, never change which blocks are read)."""
+    B = tl.num_programs(0)
+    row = tl.program_id(0)
+    n = tl.load(cnt_ptr + (SHARE_BAND if MODE == BUSY_BAND else SHARE_HANDED))
+    ok = _takes(tok_ptr, sf_ptr, row, row >= 0, MODE, S_ZF, NS)
+    t0 = tl.program_id(1) * TPC
+    t1 = tl.minimum(t0 + TPC, NT)
+    if (n > 0) & (n < B):
+        ok, row, t0, t1 = _spread_share(tok_ptr, sf_ptr, NT, MODE, S_ZF, NS)
+    return ok, row.to(tl.int64), t0, t1
+
+
+@triton.jit
+def _spread_share(tok_ptr, sf_ptr, NT, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr):
+    """The n < B rows that take a gather get the grid's P = B C programs, cp = P // n a row
+    (>= C), in row order (program pid = row C + c); n and the rows from the B flags (L2), read
+    once (twice past SHARE_RB rows: a count, then the row)."""
+    B = tl.num_programs(0)
+    C = tl.num_programs(1)
+    pid = tl.program_id(0) * C + tl.program_id(1)
+    r = tl.arange(0, SHARE_RB)
+    if B <= SHARE_RB:
+        busy = _busy_rows(tok_ptr, sf_ptr, 0, B, MODE, S_ZF, NS)
+        incl = tl.cumsum(busy, 0)
+        n = tl.sum(busy, axis=0)
+        cp = (B * C) // tl.maximum(n, 1)
+        slot = pid // cp
+        # the slot-th busy row: the number of rows whose inclusive busy count is <= slot
+        row = tl.sum(((incl <= slot) & (r < B)).to(tl.int32), axis=0)
+    else:
+        n = tl.zeros([], tl.int32)
+        for r0 in range(0, B, SHARE_RB):
+            n += tl.sum(_busy_rows(tok_ptr, sf_ptr, r0, B, MODE, S_ZF, NS), axis=0)
+        cp = (B * C) // tl.maximum(n, 1)
+        slot = pid // cp
+        row = tl.zeros([], tl.int32)
+        seen = tl.zeros([], tl.int32)
+        for r0 in range(0, B, SHARE_RB):
+            busy = _busy_rows(tok_ptr, sf_ptr, r0, B, MODE, S_ZF, NS)
+            incl = seen + tl.cumsum(busy, 0)
+            row += tl.sum(((incl <= slot) & (r0 + r < B)).to(tl.int32), axis=0)
+            seen += tl.sum(busy, axis=0)
+    tpc = (NT + cp - 1) // cp
+    t0 = (pid % cp) * tpc
+    return slot < n, row, t0, tl.minimum(t0 + tpc, NT)
 
 
 @triton.jit
 def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
             WRITE_PROBS: tl.constexpr):
     """Did the merge hand this row over (token -2, or Z_f -1 for the distribution)?"""
-    if WRITE_PROBS:
-        h = tl.load(sf_ptr + row * NS + S_ZF) < 0.0
-    else:
-        h = tl.load(tok_ptr + row) == HANDED
-    return h
+    return _takes(tok_ptr, sf_ptr, row, row >= 0, BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED,
+                  S_ZF, NS)
 
 
 @triton.jit
@@ -74,7 +164,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "seed_s", "off_s"])
 def _gather_kernel(
-    logits_ptr, stride_lb, V, NT, TPC,
+    logits_ptr, stride_lb, V, NT, TPC, cnt_ptr,
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
@@ -88,39 +178,40 @@ def _gather_kernel(
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
     S_ZF: tl.constexpr, NS: tl.constexpr,
 ):
-    """Grid (B, C), program (row, c) owns blocks [c TPC, (c + 1) TPC) like stage 1. For a row
-    the merge handed over (mode > 0): reads each of those blocks once (V * s bytes per row in
-    all, + V * s_a with CD, + its history edits) and writes 4 words per block; other rows read
-    only the merge's token (or Z_f)."""
-    _gather_program(tl.program_id(0).to(tl.int64), tl.program_id(1),
-                    logits_ptr, stride_lb, V, NT, TPC, edits_ptr, stride_eb, bnd_ptr, x_ptr,
-                    stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
-                    freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr, tok_ptr,
-                    sf_ptr, qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
-                    TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
-                    HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD, WRITE_PROBS,
-                    S_ZF, NS)
+    """Grid (B, C); the rows the merge handed over share its programs (_row_share). Each reads
+    its blocks once (V * s bytes per row in all, + V * s_a with CD, + its history edits) and
+    writes 4 words per block; every program reads the merge's count and its row's flag (token,
+    or Z_f), and the B flags where only some rows were handed over."""
+    ok, row, t0, t1 = _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC,
+                                 BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED, S_ZF, NS)
+    if ok:
+        _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+                        stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
+                        freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr,
+                        qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+                        TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
+                        HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD)
 
 
 @triton.jit
 def _gather_program(
-    row, c, logits_ptr, stride_lb, V, NT, TPC,
+    row, t0, t1, logits_ptr, stride_lb, V, NT,
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
-    rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr,
+    rf_ptr, qf_ptr, qi_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
-    S_ZF: tl.constexpr, NS: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
 ):
-    """Program (row, c) of _gather_kernel; also run by kernels/band.py's gather when a launch
-    has both hand-overs (one launch for both second reads, sampling._launch_band)."""
-    if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
+    """Blocks [t0, t1) of a handed-over row (its share, _row_share) in _gather_kernel; also run
+    by kernels/band.py's gather when a launch has both hand-overs (one launch for both second
+    reads, sampling._launch_band)."""
+    if t0 < t1:
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
             TEMP_T, REP_T, PRES_T, FREQ_T)
@@ -140,7 +231,7 @@ def _gather_program(
         xrow = x_ptr + row * stride_xb
         qf = qf_ptr + row * NQ * NT
         qi = qi_ptr + row * NQI * NT
-        for t in range(c * TPC, tl.minimum(c * TPC + TPC, NT)):
+        for t in range(t0, t1):
             _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
                           HI, minp, la, beta, me, k0, k1, TILE, E_BLOCK, HAS_REP, HAS_PF,
                           HAS_MASK, HAS_BIAS, CD)

@@ -48,6 +48,7 @@ import triton.language as tl
 from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots,
                      _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
                      _row_scale)
+from .second import NSHARE
 from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
@@ -273,7 +274,7 @@ def _stats_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-    wf_ptr, wi_ptr, cand_ptr, hb_ptr, ft_ptr, topw_ptr, rs_ptr,
+    wf_ptr, wi_ptr, cand_ptr, hb_ptr, ft_ptr, topw_ptr, rs_ptr, cnt_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s, wc_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPK_T: tl.constexpr, TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr,
@@ -284,7 +285,7 @@ def _stats_kernel(
     D0_EXP: tl.constexpr, LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     R: tl.constexpr, BANDS: tl.constexpr, TOPN_KB: tl.constexpr, TOPN_RAW: tl.constexpr,
     TOPN_REUSE: tl.constexpr, HDIRECT: tl.constexpr = False, GREEDY: tl.constexpr = False,
-    GREEDY_ROWS: tl.constexpr = False,
+    GREEDY_ROWS: tl.constexpr = False, SHARE: tl.constexpr = False,
 ):
     """Grid (B, C). Reads each logit once (and its block's history edits); writes per block
     8 words of statistics and 8 bytes per candidate, or, for a pure-temperature row (PURE_OK:
@@ -296,9 +297,14 @@ def _stats_kernel(
     (top-N logprobs) every block also writes its TOPN_KB best keys (kernels/topn.py: 8 bytes
     each, + 12 bytes of raw partials with TOPN_RAW). GREEDY (a scalar T = 0) compiles only the
     greedy blocks; GREEDY_ROWS (a tensor T) sends each row with T == 0 to them (both only in
-    calls asking tokens and logprobs: sampling._greedy_reads)."""
+    calls asking tokens and logprobs: sampling._greedy_reads). With SHARE (a launch whose rows
+    may take a second read) program (0, 0) resets the merge's counts of such rows (cnt, int32
+    [NSHARE]: kernels/second.py _row_share)."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
+    if SHARE:
+        if (row == 0) & (c == 0):
+            tl.store(cnt_ptr + tl.arange(0, NSHARE), tl.zeros([NSHARE], tl.int32))
     lrow = logits_ptr + row * stride_lb
     arow = am_ptr + row * stride_ab
     erow = edits_ptr + row * stride_eb
