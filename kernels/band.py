@@ -64,7 +64,7 @@ from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _k
                      _row_scale)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
-                     _row_share)
+                     _listed_share, _row_share)
 from .stats import F_LO, NF
 
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
@@ -155,7 +155,7 @@ def _band_gather_kernel(
                             logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
                             HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, False,
                             False, False)
-    ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1)
+    ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1, True)
     if ok:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
             T, rep, pres, freq, tdiv = _row_scale(
@@ -344,7 +344,7 @@ def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     return z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx.to(tl.int64), -1), bx
 
 
-# a finish program's partials (float32 [B, NSP, FP], int64 [B, 3, FP]): its bucket-b tokens' min
+# a finish slice's partials (float32 [B, NSP, FP], int64 [B, 3, FP]): its bucket-b tokens' min
 # and max x, the best draw of its slice's buckets above b (score, x; id) and their kept mass
 # (fixed point), its bucket-b token count
 S_LO, S_HI, S_S, S_X = (tl.constexpr(i) for i in range(4))
@@ -362,15 +362,15 @@ def _above_mass(gf, NT, NT_P2: tl.constexpr):
 
 
 @triton.jit
-def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, NT, M, Z, p,
-                minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
-    """Finish program s of a band row: tau's bucket b from the table (each program the same),
-    then _band_filter over its 1 / FP of the band list; its partials to (sp, spi). Returns
-    (target, b, A) for the row's last program (the same in every program)."""
+def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, fs, NT, M, Z,
+                p, minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
+    """Finish program s of a band row's fs (<= FP): tau's bucket b from the table (each program
+    the same), then _band_filter over its 1 / fs of the band list; its partials to (sp, spi).
+    Returns (target, b, A) for the row's last program (the same in every program)."""
     target = p * Z - _above_mass(gf, NT, NT_P2)
     b, A = _bucket_pick(tab, target)
     n = tl.load(bi + I_N)
-    sl = (n + FP - 1) // FP
+    sl = (n + fs - 1) // fs
     i0 = tl.minimum(s * sl, n)
     m, lo, hi, z, best, bidx, bx = _band_filter(xs_ptr, is_ptr, base, i0, tl.minimum(i0 + sl, n),
                                                 sx_ptr, si_ptr, fmax, tl.load(bi + I_JC), b, M,
@@ -386,11 +386,12 @@ def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, N
 
 
 @triton.jit
-def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, FP: tl.constexpr,
-                           SEG: tl.constexpr):
-    """The slices' bucket-b tokens (slice s's at its own start, cnt[s] of them) copied into
-    one list at base, in slice order: [FP, SEG] tiles, one for buckets of <= SEG a slice."""
-    sl = (n + FP - 1) // FP
+def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, fs,
+                           FP: tl.constexpr, SEG: tl.constexpr):
+    """The fs slices' bucket-b tokens (slice s's at its own start, cnt[s] of them, 0 past fs)
+    copied into one list at base, in slice order: [FP, SEG] tiles, one for buckets of <= SEG
+    a slice."""
+    sl = (n + fs - 1) // fs
     s = tl.arange(0, FP)
     j = tl.arange(0, SEG)
     dst = (tl.cumsum(cnt, 0) - cnt)[:, None] + j[None, :]
@@ -404,35 +405,41 @@ def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, FP: tl.
 
 
 @triton.jit
-def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, NT, M, target, b,
-                 A, minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr, NPIV2: tl.constexpr,
-                 MAX_ROUNDS: tl.constexpr, FP: tl.constexpr, SEG: tl.constexpr):
-    """The row's last finish program: the slices' partials (fixed order), their bucket-b
+def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, NT, M, target,
+                 b, A, minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr,
+                 NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, FP: tl.constexpr,
+                 SEG: tl.constexpr):
+    """The row's last finish program: the fs slices' partials (fixed order), their bucket-b
     tokens gathered into one list, tau on it, the draw; validated (module docstring). Takes
     its own slice's (target, b, A): every program computed the same. Returns (ok, Z_f,
     token, its x)."""
     z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
     s = tl.arange(0, FP)
-    cnt = tl.load(spi + SI_N * FP + s, cache_modifier=".cg").to(tl.int32)
+    sm = s < fs
+    cnt = tl.load(spi + SI_N * FP + s, mask=sm, other=0, cache_modifier=".cg").to(tl.int32)
     m = tl.sum(cnt, axis=0)
     ok = (target > 0.0) & (b >= 0) & (m > 0)
     if ok:
-        _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, tl.load(bi + I_N), cnt, FP,
-                               SEG)
+        _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, tl.load(bi + I_N), cnt, fs,
+                               FP, SEG)
         # the list was stored in [FP, SEG] tiles and the search loads it in SB2 tiles: other
         # threads' stores must land first (without this bar.sync a warp read stale entries on
         # an H200, and the row fell back to the row pass: other logprob bits, run to run)
         tl.debug_barrier()
-        pv, lo = tl.reduce((tl.load(sp + S_HI * FP + s, cache_modifier=".cg"),
-                            tl.load(sp + S_LO * FP + s, cache_modifier=".cg")), 0, _maxmin_combine)
+        pv, lo = tl.reduce((tl.load(sp + S_HI * FP + s, mask=sm, other=float("-inf"),
+                                    cache_modifier=".cg"),
+                            tl.load(sp + S_LO * FP + s, mask=sm, other=float("inf"),
+                                    cache_modifier=".cg")), 0, _maxmin_combine)
         lo, pv = _band_search(xs_ptr, base, m, M, A, lo, pv, target, SB2, NPIV2, MAX_ROUNDS)
         ok = (lo >= pv) & (lo > bmax) & (lo <= amin)  # tau = lo; no tie straddles an edge
         if ok:
-            ss = tl.load(sp + S_S * FP + s, cache_modifier=".cg")
-            sid = tl.load(spi + SI_ID * FP + s, cache_modifier=".cg").to(tl.int32)
-            ks, kid, kx = _best_lane(ss, sid, tl.load(sp + S_X * FP + s, cache_modifier=".cg"),
-                                     best, bidx, bx)
-            kp = tl.sum(tl.load(spi + SI_Z * FP + s, cache_modifier=".cg"), axis=0)
+            ss = tl.load(sp + S_S * FP + s, mask=sm, other=float("-inf"), cache_modifier=".cg")
+            sid = tl.load(spi + SI_ID * FP + s, mask=sm, other=2147483647,
+                          cache_modifier=".cg").to(tl.int32)
+            ks, kid, kx = _best_lane(ss, sid, tl.load(sp + S_X * FP + s, mask=sm, other=0.0,
+                                                      cache_modifier=".cg"), best, bidx, bx)
+            kp = tl.sum(tl.load(spi + SI_Z * FP + s, mask=sm, other=0, cache_modifier=".cg"),
+                        axis=0)
             kp = kp.to(tl.float32) / FX
             z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, minp, k0, k1,
                                              z_f + kp, ks, kid, kx, SB2)
@@ -453,7 +460,7 @@ def _band_finish_kernel(
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
     topp_ptr, topp_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
     tok_ptr, logp_ptr, bf_ptr, bi_ptr, tab_ptr, gf_ptr, gi_ptr, xs_ptr, is_ptr, sx_ptr, si_ptr,
-    sp_ptr, spi_ptr, wf_ptr, rf_ptr, qf_ptr, qi_ptr,
+    sp_ptr, spi_ptr, wf_ptr, rf_ptr, qf_ptr, qi_ptr, cnt_ptr,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     TOPP_T: tl.constexpr, MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -462,22 +469,24 @@ def _band_finish_kernel(
     NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, FP: tl.constexpr, SEG: tl.constexpr,
     SECOND: tl.constexpr = False,
 ):
-    """Grid (B, FP). For a band row whose plan succeeded, program s: the table (8 KB) and the
-    blocks' above masses, its 1 / FP of the band list (8 bytes a token, from L2), 7 words of
-    partials; then a ticket (an acq_rel atomic after a CTA barrier: every store of the program
-    is released before it), and the row's last program (ticket FP - 1) merges the partials,
-    gathers the bucket-b tokens, searches tau on them, draws and writes the token and logprob.
-    No logits unless the band failed, when one program runs merge.py's _row_pass (a pass per
-    search round + the draw pass). With SECOND program 0 is also the second read's finish
-    (kernels/second.py) for the rows the merge handed there (token -2; rf, qf, qi: that read's
-    plan and block partials): one launch fewer."""
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    flag = tl.load(tok_ptr + row)
+    """Grid (B, F); a band row's slices are fs = min(FP, cp) of its cp programs (cp = F, or
+    more where only some rows are band rows: second._listed_share). For a band row whose plan
+    succeeded, slice s: the table (8 KB) and the blocks' above masses, its 1 / fs of the band
+    list (8 bytes a token, from L2), 7 words of partials; then a ticket (an acq_rel atomic
+    after a CTA barrier: every store of the program is released before it), and the row's last
+    program (ticket fs - 1) merges the partials, gathers the bucket-b tokens, searches tau on
+    them, draws and writes the token and logprob. No logits unless the band failed, when one
+    program runs merge.py's _row_pass (a pass per search round + the draw pass). With SECOND
+    program (row, 0) is also the second read's finish (kernels/second.py) for a row the merge
+    handed there (token -2; rf, qf, qi: that read's plan and block partials): one launch
+    fewer."""
     if SECOND:
-        if (flag == HANDED) & (s == 0):
-            _finish_sampled(row, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2)
-    if flag == BAND_ROW:
+        own = tl.program_id(0).to(tl.int64)
+        if tl.program_id(1) == 0:
+            if tl.load(tok_ptr + own) == HANDED:
+                _finish_sampled(own, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2)
+    busy, row, s, fs = _listed_share(tok_ptr, cnt_ptr, FP)
+    if busy & (s < fs):
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
             TEMP_T, REP_T, PRES_T, FREQ_T)
@@ -498,16 +507,16 @@ def _band_finish_kernel(
         spirow = spi_ptr + row * NSPI * FP
         if ok:
             target, b, A = _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
-                                       sx_ptr, si_ptr, sprow, spirow, row * CAP, s, NT, M, Z,
-                                       p, minp, k0, k1, tl.load(bf_ptr + row * NBF + B_FMAX),
+                                       sx_ptr, si_ptr, sprow, spirow, row * CAP, s, fs, NT, M,
+                                       Z, p, minp, k0, k1, tl.load(bf_ptr + row * NBF + B_FMAX),
                                        NT_P2, CB, FP)
             tl.debug_barrier()
-            last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == FP - 1
+            last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == fs - 1
             if last:
                 ok, z_f, bidx, bx = _band_result(
                     gfrow, gi_ptr + row * NT, birow, xs_ptr, is_ptr, sx_ptr, si_ptr, sprow,
-                    spirow, row * CAP, NT, M, target, b, A, minp, k0, k1, NT_P2, SB2, NPIV2,
-                    MAX_ROUNDS, FP, SEG)
+                    spirow, row * CAP, fs, NT, M, target, b, A, minp, k0, k1, NT_P2, SB2,
+                    NPIV2, MAX_ROUNDS, FP, SEG)
         if last:
             if ~ok:
                 lrow = logits_ptr + row * stride_lb

@@ -773,7 +773,8 @@ def _count_row(cnt_ptr, busy):
     """Counts a row whose stored flag hands it to a second read, for the gathers' share of
     their grid (kernels/second.py _row_share: a hint, reset by stage 1). Nothing waits on it
     (a REDG in the SASS)."""
-    tl.atomic_add(cnt_ptr, 1, mask=busy, sem="relaxed")
+    if busy:
+        tl.atomic_add(cnt_ptr, 1, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["TPC"])

@@ -47,7 +47,7 @@ from .band import NG, NSP, NSPI, _band_finish_kernel, _band_gather_kernel
 from .band_plan import NBF, NBI, NBUCK
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
 from .residual import NP, NPI, _residual_finish, _residual_kernel
-from .second import NQ, NQI, NR, NSHARE, _finish_kernel, _gather_kernel
+from .second import NQ, NQI, NR, SHARE_LIST, _finish_kernel, _gather_kernel
 from .stats import NF, NI, _stats_kernel
 from .topn import NRAW, _top_n_kernel
 
@@ -69,6 +69,7 @@ STATS_SLOTS_TOPN = 4 * SMS
 GATHER_REGS_WIDE = 80
 GATHER_SLOTS_WIDE = 6 * SMS
 GATHER_REGS_PF = 88
+BAND_SLICES = 16           # the band finish's slices of a row's band list, at most
 GATHER_SLOTS_PF = 5 * SMS
 RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
@@ -439,10 +440,11 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
     gi = _workspace((B, NT), torch.int32, dev)
     # the finish's search list: the band's tokens in tau's bucket (x, id)
     sx, si = _workspace((B, cap), torch.float32, dev), _workspace((B, cap), torch.int32, dev)
-    # the finish programs' partials
+    # the finish slices' partials: up to BAND_SLICES a row (more programs than the grid's fp
+    # where only some rows are band rows: second._listed_share)
     fp = c.fp
-    sp = _workspace((B, NSP.value * fp), torch.float32, dev)
-    spi = _workspace((B, NSPI.value * fp), torch.int64, dev)
+    sp = _workspace((B, NSP.value * BAND_SLICES), torch.float32, dev)
+    spi = _workspace((B, NSPI.value * BAND_SLICES), torch.int64, dev)
     sq = (second.rf, second.qf, second.qi) if second else (L, L, L)
     both = second if second and second.gather else None
     _band_gather_kernel[(B, g["C"])](
@@ -460,9 +462,9 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
     _band_finish_kernel[(B, fp)](
         L, L.stride(0), L.shape[1], NT, cap, *c.hist, *_penalty_args(c), *c.p["topp"].pair(),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), tok, logp, bf, bi, tab,
-        gf, gi, *xs, sx, si, sp, spi, wf, *sq, **c.flags("topp", "minp", "seed", "off"),
+        gf, gi, *xs, sx, si, sp, spi, wf, *sq, cnt, **c.flags("topp", "minp", "seed", "off"),
         HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=512, NPIV=npiv, SB2=256,
-        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, FP=fp, SEG=64,
+        NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, FP=BAND_SLICES, SEG=64,
         SECOND=second is not None and not c.top.state,
         num_warps=warps, **_regs(MERGE_REGS), **_band_const(c))
 
@@ -473,11 +475,11 @@ def _sm_count(index):
 
 
 def _band_programs(B, dev):
-    """The band finish's programs per row (a power of 2, <= 16): one wave of its 2 CTAs per SM
-    (8 warps, ~124 registers) over the batch. Its sums are fixed point, so the answer does not
-    depend on it."""
+    """The band finish's programs per row (a power of 2, <= BAND_SLICES): one wave of its 2
+    CTAs per SM (8 warps, ~124 registers) over the batch. Its sums are fixed point, so the
+    answer does not depend on it."""
     sms = _sm_count(dev.index or 0) if dev.type == "cuda" else 132
-    fp = 16
+    fp = BAND_SLICES
     while fp > 1 and B * fp > 2 * sms:
         fp //= 2
     return fp
@@ -690,7 +692,8 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
             _workspace((B, NT, KT), torch.int64, dev))
     band = _band_work(c)
     # the merge's counts of rows that take a second read (kernels/second.py _row_share)
-    cnt = _workspace((NSHARE.value,), torch.int32, dev) if c.second or c.bands else c.logits
+    cnt = (_workspace((SHARE_LIST.value + B,), torch.int32, dev) if c.second or c.bands
+           else c.logits)
     _launch_stats(c, *work, band.hb, band.ft, cnt)
     if write_probs:
         sf = _workspace((B, NS.value), torch.float32, dev)

@@ -51,8 +51,10 @@ NQI = tl.constexpr(1)
 # or handed over in a distribution call (Z_f -1); the rows' flags are read RB at a time
 BUSY_BAND, BUSY_HANDED, BUSY_HANDED_ZF = (tl.constexpr(i) for i in range(3))
 SHARE_RB = tl.constexpr(128)
-# the merge's counts of them (int32 [NSHARE]; stage 1 resets them, the merge adds one a row)
-SHARE_BAND, SHARE_HANDED = (tl.constexpr(i) for i in range(2))
+# the merge's counts of them (int32 [NSHARE]; stage 1 resets them, the merge adds one a row),
+# then, where the band gather spread over the grid, its count of band rows and the rows in
+# slot order (int32 [1 + B], for the band finish: _listed_share)
+SHARE_BAND, SHARE_HANDED, SHARE_N, SHARE_LIST = (tl.constexpr(i) for i in range(4))
 NSHARE = tl.constexpr(2)
 
 
@@ -79,29 +81,63 @@ def _busy_rows(tok_ptr, sf_ptr, r0, B, MODE: tl.constexpr, S_ZF: tl.constexpr, N
 
 @triton.jit
 def _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC, MODE: tl.constexpr, S_ZF: tl.constexpr,
-               NS: tl.constexpr):
+               NS: tl.constexpr, LIST: tl.constexpr = False):
     """This program's share of a gather (module docstring): (it has one, the row, its blocks
-    [t0, t1)). cnt is the merge's count of the rows that take it (an atomic add a row; stage 1
-    reset it): with every row or none of them, program (row, c) has stage 1's blocks of its
-    own row (one load, beside its own flag's); with some, the share is spread over the grid
-    (_spread_share, from the flags themselves: the count only picks the path, so a wrong one
-    would cost time, never change which blocks are read)."""
-    B = tl.num_programs(0)
+    [t0, t1)). With every row or none taking the read (the merge's count), program (row, c)
+    keeps stage 1's blocks of its own row (one load, beside its own flag's); with some, the
+    busy rows' cp programs each split their row's blocks (_spread). The count only picks the
+    path: the spread comes from the flags themselves, so a wrong count would cost time, never
+    change which blocks are read. With LIST (the band gather) a spread also records the busy
+    rows in slot order and their number, for the band finish's share (_listed_share: the
+    finish writes the rows' tokens, so it cannot read their flags while other programs run)."""
+    ok = _takes(tok_ptr, sf_ptr, tl.program_id(0), tl.program_id(0) >= 0, MODE, S_ZF, NS)
     row = tl.program_id(0)
-    n = tl.load(cnt_ptr + (SHARE_BAND if MODE == BUSY_BAND else SHARE_HANDED))
-    ok = _takes(tok_ptr, sf_ptr, row, row >= 0, MODE, S_ZF, NS)
-    t0 = tl.program_id(1) * TPC
-    t1 = tl.minimum(t0 + TPC, NT)
-    if (n > 0) & (n < B):
-        ok, row, t0, t1 = _spread_share(tok_ptr, sf_ptr, NT, MODE, S_ZF, NS)
-    return ok, row.to(tl.int64), t0, t1
+    j = tl.program_id(1)
+    tpc = TPC
+    if _spread_on(cnt_ptr, MODE):
+        ok, row, slot, j, cp, n = _spread(tok_ptr, sf_ptr, MODE, S_ZF, NS)
+        tpc = (NT + cp - 1) // cp
+        if LIST:
+            tl.store(cnt_ptr + SHARE_LIST + slot, row, mask=ok & (j == 0))
+            tl.store(cnt_ptr + SHARE_N, n, mask=(slot == 0) & (j == 0))
+    t0 = j * tpc
+    return ok, row.to(tl.int64), t0, tl.minimum(t0 + tpc, NT)
 
 
 @triton.jit
-def _spread_share(tok_ptr, sf_ptr, NT, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr):
-    """The n < B rows that take a gather get the grid's P = B C programs, cp = P // n a row
-    (>= C), in row order (program pid = row C + c); n and the rows from the B flags (L2), read
-    once (twice past SHARE_RB rows: a count, then the row)."""
+def _spread_on(cnt_ptr, MODE: tl.constexpr):
+    """Do only some rows (not all, not none) take the read MODE, by the merge's count?"""
+    n = tl.load(cnt_ptr + (SHARE_BAND if MODE == BUSY_BAND else SHARE_HANDED))
+    return (n > 0) & (n < tl.num_programs(0))
+
+
+@triton.jit
+def _listed_share(tok_ptr, cnt_ptr, FP: tl.constexpr):
+    """The band finish's share, grid (B, F): (a band row's program, the row, its slice s, the
+    row's slices fs). Program (row, s) of its own band row (fs = F) unless the band gather
+    spread (second read of only some rows): then the n rows it listed get cp = B F // n
+    programs each, in slot order, fs = min(FP, cp) of them slices."""
+    ok = tl.load(tok_ptr + tl.program_id(0)) == BAND_ROW
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    cp = tl.num_programs(1)
+    if _spread_on(cnt_ptr, BUSY_BAND):
+        n = tl.load(cnt_ptr + SHARE_N)
+        cp = (tl.num_programs(0) * cp) // tl.maximum(n, 1)
+        pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        slot = pid // cp
+        s = pid % cp
+        ok = slot < n
+        row = tl.load(cnt_ptr + SHARE_LIST + slot, mask=ok, other=0)
+    return ok, row.to(tl.int64), s, tl.minimum(cp, FP)
+
+
+@triton.jit
+def _spread(tok_ptr, sf_ptr, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr):
+    """The n < B busy rows (MODE) share the grid's P = B C programs, cp = P // n a row (>= C),
+    in row order (program pid = row C + c is the row's j-th, j = pid % cp); n and the rows
+    come from the B flags (L2), read once (twice past SHARE_RB rows: a count, then the row).
+    Returns (pid has a row, the row, its slot, j, cp, n)."""
     B = tl.num_programs(0)
     C = tl.num_programs(1)
     pid = tl.program_id(0) * C + tl.program_id(1)
@@ -127,9 +163,7 @@ def _spread_share(tok_ptr, sf_ptr, NT, MODE: tl.constexpr, S_ZF: tl.constexpr, N
             incl = seen + tl.cumsum(busy, 0)
             row += tl.sum(((incl <= slot) & (r0 + r < B)).to(tl.int32), axis=0)
             seen += tl.sum(busy, axis=0)
-    tpc = (NT + cp - 1) // cp
-    t0 = (pid % cp) * tpc
-    return slot < n, row, t0, tl.minimum(t0 + tpc, NT)
+    return slot < n, row, slot, pid % cp, cp, n
 
 
 @triton.jit

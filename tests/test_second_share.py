@@ -108,3 +108,35 @@ def test_every_row_busy_keeps_stage_one_blocks(monkeypatch):
         r: [(r, c) for c in range(4)] for r in range(3)}
     tw_tok, _ = _twin_tokens(x, **kw)
     assert torch.equal(tok, tw_tok)
+
+
+def test_band_finish_slices_spread_over_the_grid(monkeypatch):
+    """The band finish's grid (B, F) gives its programs to the band rows too: with F = 2 a row
+    (forced) and one band row of six, that row's list is cut into min(16, 6 * 2) = 12 slices
+    (each writes its partials), not 2; with every row a band row, 2. Fixed-point sums in list
+    order: the same bits as the default split."""
+    sampling = _ks()
+    g = torch.Generator().manual_seed(73)
+    V = 4099
+    x, kw = _mixed(V, g)
+    spi_seen, alloc = [], sampling._workspace
+
+    def workspace(shape, dtype, device):
+        t = alloc(shape, dtype, device)
+        if dtype == torch.int64 and len(shape) == 2 and shape[1] == 3 * sampling.BAND_SLICES:
+            t.fill_(-7)  # the finish slices' int64 partials (band.NSPI = 3 a slice)
+            spi_seen.append(t)
+        return t
+
+    monkeypatch.setattr(sampling, "_workspace", workspace)
+    tok_d, lp_d = _run(x, **GEOM, **kw)
+    monkeypatch.setattr(sampling, "_band_programs", lambda B, dev: 2)  # at _setup
+    spi_seen.clear()
+    tok, lp = _run(x, **GEOM, **kw)
+    assert torch.equal(tok, tok_d) and torch.equal(lp, lp_d)
+    slices = (spi_seen[-1][1, 2 * 16:3 * 16] != -7).sum().item()  # SI_Z, written by each
+    assert slices == 12
+    xb = x[[1, 1, 1]]
+    kb = dict(temperature=1.0, top_p=0.95, seed=torch.tensor([1, 2, 3]), offset=0)
+    _run(xb, **GEOM, **kb)
+    assert [(spi_seen[-1][r, 2 * 16:3 * 16] != -7).sum().item() for r in range(3)] == [2, 2, 2]
