@@ -219,10 +219,10 @@ def _gather_kernel(
     ok, row, t0, t1 = _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC,
                                  BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED, S_ZF, NS)
     if ok:
-        _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
-                        stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
-                        freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr,
-                        qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+        _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                        rf_ptr, qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
                         TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
                         HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD)
 
