@@ -57,7 +57,7 @@ bucket-b token (copied twice, then read once a round and by the draw).
 import triton
 import triton.language as tl
 
-from .band_plan import (B_FMAX, B_M, B_Z, BAND_ROW, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
+from .band_plan import (B_FMAX, B_M, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
 from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _kept_slots,
                      _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots, _row_key,
