@@ -73,9 +73,10 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
         consts["TEMP_T"] and not consts["CD"] and not consts["WRITE_PROBS"]
         and not consts["TOPN_KB"] and not consts["STATE"] and not consts["KEEP_LIST"]))
     # as the launcher: the second read when a row can have min-p and no top-k / top-p (the
-    # band gather runs it only where a variant says so: SECOND=True)
+    # band gather runs it only where a variant says so: SECOND=True; its screened draw too)
     if kernel == "band_gather":
         consts.setdefault("SECOND", False)
+        consts.setdefault("SCREEN", False)
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     # as the launcher: the band read when a row can have top-p without top-k
     consts.setdefault("BANDS", consts["HAS_TOPP"] and (consts["TOPK_T"] or not consts["HAS_TOPK"])
@@ -206,17 +207,22 @@ VARIANTS = {
                                              maxnreg=72)),
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
     # the gather as the launcher caps it (sampling._gather_regs): 64, 88 with pres./freq., 80
-    # with the second read's gather
-    "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4,
-                                              maxnreg=64)),
-    "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, num_warps=4,
-                                        maxnreg=88)),
+    # with the second read's gather; its draw screened (more programs than SMs: B >= 2 here)
+    # but for the one-program-a-block launch of B = 1
+    "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, SCREEN=True,
+                                              num_warps=4, maxnreg=64)),
+    "band_gather:plain unscreened": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False,
+                                                         num_warps=4, maxnreg=64)),
+    "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, SCREEN=True,
+                                        num_warps=4, maxnreg=88)),
     # both hand-overs in one launch: the band gather runs the second read's gather too
     "band_gather:per-row+minp+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                             HAS_REP=False, SECOND=True,
+                                                            SCREEN=True,
                                                             num_warps=4, maxnreg=80)),
     "band_gather:per-row+minp+pf+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                                HAS_PF=True, SECOND=True,
+                                                               SCREEN=True,
                                                                num_warps=4, maxnreg=88)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=512,
                                         SB2=256, NPIV2=16, FP=16, SEG=64, SECOND=False,

@@ -10,7 +10,8 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
                                       [Ja, Jc] around it (<= CAP tokens by the counts),
                                       per-block offsets into the list
     _band_gather_kernel  grid (B, C)  the second read: per block the exact mass / min-p mass /
-                                      best Gumbel score of the tokens above the band, the
+                                      best Gumbel score of the tokens above the band (scored
+                                      only where one can reach the plan's bound S, below), the
                                       smallest x above it and the largest x below it; the
                                       band's tokens (x, id) appended at the block's offset and
                                       their fixed-point masses added to the row's bucket table
@@ -47,6 +48,17 @@ draws: the best of the blocks' above-winners, the slices' winners and bucket b's
 logprob = x_tok - M - log Z_f. Every sum is per block, fixed point, or over the list in list
 order, so the result is the same for any chunk count, batch and FP.
 
+The screened draw (nineteenth session). The row's winner max over the kept set of
+(x - M) + G is Gumbel-distributed with location ln W_kept >= ln(p Z), so it lies below
+S = ln(p Z) - 3 (band_plan._screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
+score >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u: the gather tests
+1 - u <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
+after the hash (one multiply, one compare) and scores exactly (two logs and the winner's
+reduction) only in a block where some kept lane passes: ~e^3 / p = 21 tokens a row pass, so ~15%
+of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
+row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
+(its cut can keep less than p Z): S = -inf, ks = +inf.
+
 Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C); a failed row
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
 260 per block (stage 1's estimate, written once, read twice by the plan), 28 per block (gather
@@ -57,11 +69,11 @@ bucket-b token (copied twice, then read once a round and by the draw).
 import triton
 import triton.language as tl
 
-from .band_plan import (B_FMAX, B_M, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
+from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _kept_slots,
-                     _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots, _row_key,
-                     _row_scale)
+from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _gumbel_of,
+                     _kept_slots, _maxmin_combine, _param, _penalised_tile, _pivot_update,
+                     _pivots, _row_key, _row_scale, _uniform)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -70,6 +82,10 @@ from .stats import F_LO, NF
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
 G_WA, G_WK, G_S, G_X, G_AMIN, G_BMAX = (tl.constexpr(i) for i in range(6))
 NG = tl.constexpr(6)
+# the screen's slack in score units (_screen_scale): covers the fp32 rounding of e^(x - M) (its
+# argument's rounding included, |x - M| < 90), of the product e ks, of 1 - u and of the score's
+# two logs and sum, each a few ulp, by orders of magnitude
+SCREEN_M = tl.constexpr(2.0 ** -7)
 
 
 @triton.jit
@@ -83,11 +99,45 @@ def _bucket(x, fmax, jc):
 
 
 @triton.jit
+def _screen_scale(slb):
+    """The gather's screen factor ks = e^(SCREEN_M - S) for the bound S = slb
+    (band_plan._screen_bound), SCREEN_M the slack for the screen's fp32 rounding; +inf for
+    S = -inf (no screen)."""
+    return tl.exp(-slb + SCREEN_M)
+
+
+@triton.jit
+def _screened_winner(x, e, kept, M, k0, k1, offs, ks, TILE: tl.constexpr, SCREEN: tl.constexpr):
+    """The block's best draw (score (x - M) + G, its lane, its x; the draw's rule) over its kept
+    lanes; with SCREEN only over those that can score >= S, or (-inf, 0, -inf) when none can.
+    A lane scores >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u, so a lane with
+    1 - u > e ks scores < S: its noise's two logs are skipped, and the whole block's when every
+    lane is (a uniform branch). The finish takes the row pass when the row's winner is below S,
+    so the answer is exact for any noise. With ks = +inf (min-p rows) every kept lane
+    (e >= min_p > 0) is scored."""
+    if SCREEN:
+        u = _uniform(k0, k1, offs)
+        cand = kept & (1.0 - u <= e * ks)
+        s_b = tl.full([], float("-inf"), tl.float32)
+        i_b = tl.zeros([], tl.int32)
+        x_b = tl.full([], float("-inf"), tl.float32)
+        if tl.max(cand.to(tl.int32), axis=0) > 0:
+            score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
+            s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
+    else:
+        score = tl.where(kept, (x - M) + _gumbel_of(_uniform(k0, k1, offs)), float("-inf"))
+        # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is
+        # kept)
+        s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
+    return s_b, i_b, x_b
+
+
+@triton.jit
 def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
-                rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
+                rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks, CAP,
                 TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
                 HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                R: tl.constexpr):
+                R: tl.constexpr, SCREEN: tl.constexpr):
     """Block t of a band row (module docstring): its partials, its band tokens appended at
     its offset in block order (rank = the lane's order among the block's band tokens) and
     added into the row's bucket table (integer atomics: the same sums in any order)."""
@@ -101,9 +151,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     above = fin & (J < ja)
     band = fin & (J >= ja) & (J <= jc)
     kept = above & (e >= minp)
-    score = tl.where(kept, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-    # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is kept)
-    s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
+    s_b, i_b, x_b = _screened_winner(x, e, kept, M, k0, k1, offs, ks, TILE, SCREEN)
     tl.store(gf + G_WA * NT + t, tl.sum(tl.where(above, e, 0.0), axis=0))
     tl.store(gf + G_WK * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
     tl.store(gf + G_S * NT + t, s_b)
@@ -134,7 +182,7 @@ def _band_gather_kernel(
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, R: tl.constexpr,
-    SECOND: tl.constexpr = False,
+    SECOND: tl.constexpr = False, SCREEN: tl.constexpr = False,
 ):
     """Grid (B, C); the band rows share its programs (second._row_share: with every row a band
     row, program (row, c) owns stage 1's blocks). For a band row whose plan succeeded: reads
@@ -144,7 +192,10 @@ def _band_gather_kernel(
     launch that also has the second read, kernels/second.py) it is that read's gather too: the
     rows the merge handed over there (token -2) share the grid the same way and run
     second._gather_program, one launch fewer (rf, qf, qi: its plan and block partials; dummies
-    otherwise)."""
+    otherwise). With SCREEN (the launcher's choice: more than one program per SM) the draw is
+    screened against the plan's bound S (_screened_winner); without it every block scores,
+    as one block a program is then the launch's critical path and the screen's test and
+    reduction would lengthen it."""
     if SECOND:
         ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_HANDED, 0, 1)
         if ok:
@@ -169,14 +220,17 @@ def _band_gather_kernel(
             ja = tl.load(bi_ptr + row * NBI + I_JA)
             jc = tl.load(bi_ptr + row * NBI + I_JC)
             k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+            ks = tl.zeros([], tl.float32)
+            if SCREEN:
+                ks = _screen_scale(tl.load(bf_ptr + row * NBF + B_SLB))
             lrow = logits_ptr + row * stride_lb
             for t in range(t0, t1):
                 _band_block(lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                             x_ptr + row * stride_xb, gf_ptr + row * NG * NT, gi_ptr + row * NT,
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
                             tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
-                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, CAP,
-                            TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R)
+                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks,
+                            CAP, TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R, SCREEN)
 
 
 @triton.jit
@@ -406,13 +460,13 @@ def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, fs,
 
 @triton.jit
 def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, NT, M, target,
-                 b, A, minp, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr,
+                 b, A, minp, slb, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr,
                  NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, FP: tl.constexpr,
                  SEG: tl.constexpr):
     """The row's last finish program: the fs slices' partials (fixed order), their bucket-b
-    tokens gathered into one list, tau on it, the draw; validated (module docstring). Takes
-    its own slice's (target, b, A): every program computed the same. Returns (ok, Z_f,
-    token, its x)."""
+    tokens gathered into one list, tau on it, the draw; validated (module docstring), the
+    winner's score against the gather's screen bound slb included. Takes its own slice's
+    (target, b, A): every program computed the same. Returns (ok, Z_f, token, its x)."""
     z_f, amin, bmax, best, bidx, bx = _above_winner(gf, gi, NT, NT_P2)
     s = tl.arange(0, FP)
     sm = s < fs
@@ -443,6 +497,7 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, 
             kp = kp.to(tl.float32) / FX
             z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, minp, k0, k1,
                                              z_f + kp, ks, kid, kx, SB2)
+            ok = best >= slb  # every token the gather's screen skipped scores < slb
     return ok, z_f, bidx, bx
 
 
@@ -515,7 +570,8 @@ def _band_finish_kernel(
             if last:
                 ok, z_f, bidx, bx = _band_result(
                     gfrow, gi_ptr + row * NT, birow, xs_ptr, is_ptr, sx_ptr, si_ptr, sprow,
-                    spirow, row * CAP, fs, NT, M, target, b, A, minp, k0, k1, NT_P2, SB2,
+                    spirow, row * CAP, fs, NT, M, target, b, A, minp,
+                    tl.load(bf_ptr + row * NBF + B_SLB), k0, k1, NT_P2, SB2,
                     NPIV2, MAX_ROUNDS, FP, SEG)
         if last:
             if ~ok:

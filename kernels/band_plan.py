@@ -12,7 +12,7 @@ from the prefix counts; per-block offsets = the exclusive cumsum of the blocks' 
 The band fails (the row pass, in the band finish) when Jb alone holds more than CAP tokens or
 Fmax is not finite.
 
-Reads 2 NT NBIN bytes of counts twice and 4 NT bytes of F_t (from L2); writes 3 floats and 5
+Reads 2 NT NBIN bytes of counts twice and 4 NT bytes of F_t (from L2); writes 4 floats and 5
 ints per row, 4 bytes per block, and resets the row's bucket table (8 KB). (A launch of its own
 until the twelfth session: folded into the merge, which has M and Z, it saves a launch on every
 call compiled for the band read.)
@@ -23,11 +23,11 @@ import triton.language as tl
 from .common import BAND_S, NBIN, _band_shift
 
 # a row the merge hands to the band read is flagged with token BAND_ROW; its plan: float32
-# [B, NBF] (M, Z, Fmax) and int32 [B, NBI] (band found, its row bins [Ja, Jc], its token count,
-# the finish's ticket counter: its programs of the row that are done)
+# [B, NBF] (M, Z, Fmax, the draw's screen bound S) and int32 [B, NBI] (band found, its row bins
+# [Ja, Jc], its token count, the finish's ticket counter: its programs of the row that are done)
 BAND_ROW = tl.constexpr(-3)
-B_M, B_Z, B_FMAX = (tl.constexpr(i) for i in range(3))
-NBF = tl.constexpr(3)
+B_M, B_Z, B_FMAX, B_SLB = (tl.constexpr(i) for i in range(4))
+NBF = tl.constexpr(4)
 I_OK, I_JA, I_JC, I_N, I_TICK = (tl.constexpr(i) for i in range(5))
 NBI = tl.constexpr(5)
 # the plan's window of row bins: J < JW, 32 units of x below the row's top bin (a bin past it
@@ -46,6 +46,22 @@ NBUCK = tl.constexpr(1024)
 QR = tl.constexpr(256.0)
 Q_SLACK = tl.constexpr(64.0)
 FX = tl.constexpr(140737488355328.0)  # 2^47: CAP < 2^16 tokens of e <= 1 sum below 2^63
+# The draw's screen (kernels/band.py, _band_block): the winner's score max over the kept set of
+# (x - M) + G is Gumbel with location ln W_kept >= ln(p Z) (top-p keeps >= p Z), so it is below
+# S = ln(p Z) - SCREEN_C with probability <= exp(-e^SCREEN_C) = 1.9e-9; the gather scores
+# exactly only the tokens that can reach S (~e^SCREEN_C / p of them a row) and the finish
+# checks the winner against S (the row pass below it: exact whatever the noise). Floor -60:
+# a token whose e^(x - M) flushes to 0 (x - M < -87.3) scores < -70 (the noise is < 17.4).
+SCREEN_C = tl.constexpr(3.0)
+SCREEN_FLOOR = tl.constexpr(-60.0)
+
+
+@triton.jit
+def _screen_bound(p, Z, minp):
+    """S, the bound the band gather screens its draw against (above), or -inf: no screen with
+    min-p (its cut can leave less than p Z kept)."""
+    s = tl.maximum(tl.log(p * Z) - SCREEN_C, SCREEN_FLOOR)
+    return tl.where(minp > 0.0, float("-inf"), s)
 
 
 @triton.jit
@@ -143,10 +159,10 @@ GROW = tl.constexpr(16)
 
 
 @triton.jit
-def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p,
+def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, minp,
               NT_P2: tl.constexpr):
     """Plan one band row (module docstring) from its counts hrow [NT, NBIN] and tops frow [NT],
-    with the merge's M and Z: writes the block offsets (orow), (M, Z, Fmax) and (ok, Ja, Jc,
+    with the merge's M and Z: writes the block offsets (orow), (M, Z, Fmax, S) and (ok, Ja, Jc,
     count), and resets the row's bucket table (tabrow [NBUCK])."""
     tt = tl.arange(0, NT_P2)
     fmax = tl.max(tl.load(frow + tt, mask=tt < NT, other=float("-inf")), axis=0)
@@ -158,6 +174,7 @@ def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p,
     tl.store(bfrow + B_M, M)
     tl.store(bfrow + B_Z, Z)
     tl.store(bfrow + B_FMAX, fmax)
+    tl.store(bfrow + B_SLB, _screen_bound(p, Z, minp))
     tl.store(birow + I_OK, ok.to(tl.int32))
     tl.store(birow + I_JA, ja)
     tl.store(birow + I_JC, jc)

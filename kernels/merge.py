@@ -736,7 +736,7 @@ def _merge_kernel(
             bidx = bidx * 0 + BAND_ROW
             _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
                       bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
-                      NT * KT, M, Z, p, NT_P2)
+                      NT * KT, M, Z, p, minp, NT_P2)
     if fallback:
         M, tau, z_f, best, bidx, bx = _row_pass(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,

@@ -68,6 +68,11 @@ STATS_SLOTS_TOPN = 4 * SMS
 # with presence / frequency penalties 88 (80 spilled 4 bytes), 5 per SM.
 GATHER_REGS_WIDE = 80
 GATHER_SLOTS_WIDE = 6 * SMS
+# The band gather screens its draw (kernels/band.py _screened_winner) above this many programs
+# (B C): more than one a SM shares the SMs' issue slots, where skipping ~86% of the blocks'
+# logs pays; at one block a program (B = 1) the slowest program is the launch, and a block
+# that scores takes longer with the screen's test than without (modelled 6.2 against 5.5 us)
+SCREEN_PROGRAMS = SMS
 GATHER_REGS_PF = 88
 BAND_SLICES = 16           # the band finish's slices of a row's band list, at most
 GATHER_SLOTS_PF = 5 * SMS
@@ -453,7 +458,7 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
         tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps), SECOND=both is not None,
-        **_gather_regs(c, both), **_band_const(c))
+        SCREEN=B * g["C"] > SCREEN_PROGRAMS, **_gather_regs(c, both), **_band_const(c))
     if both and c.top.state:
         _finish_second(c, *sq, tok, logp, second.sf, second.write_probs)
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]

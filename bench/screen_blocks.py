@@ -1,0 +1,75 @@
+"""How many of the band gather's blocks score their tokens' Gumbel noise (kernels/band.py,
+_screened_winner), counted under the interpreter at the GPU's geometry (1024-token blocks),
+on bench/rows.py's row kinds: the rest skip the noise's two logs a token. Also the rows whose
+winner fell below the screen's bound (the finish's row pass: logits read by the finish).
+
+    python bench/screen_blocks.py                          # T 1.0 p 0.95 and T 0.6 p 0.9
+    python bench/screen_blocks.py --rows 4 --kinds flat
+"""
+import argparse
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from triton.runtime import interpreter as ti  # noqa: E402
+
+from rows import KINDS, SETTINGS, row_logits  # noqa: E402
+from traffic import Counter, load_kernels  # noqa: E402
+
+
+def count(mod, kind, setting, rows, V):
+    """(blocks scored, blocks the band gather read, bytes of logits the finish read, tokens)."""
+    band, ks = mod.band, mod.sampling
+    x = row_logits(kind, rows, V)
+    kw = dict(SETTINGS[setting][0], seed=torch.arange(rows) + 11, offset=torch.arange(rows))
+    inner, scored = band._gumbel_of, [0]
+
+    def counted(u):
+        scored[0] += 1
+        return inner(u)
+
+    c = Counter()
+    c.tag(x, "logits")
+    base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
+            ti.GridExecutor.__call__)
+    band._gumbel_of = counted
+    try:
+        c.install()
+        tok = ks.fused_sample(x, tile=1024, chunks=ks.plan(64, V, tile=1024)["C"], **kw)[0]
+    finally:
+        band._gumbel_of = inner
+        (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
+         ti.GridExecutor.__call__) = base
+    names = [n for n, _ in c.launches]
+
+    def logits_bytes(name):
+        return sum(c.bytes.get((i, "logits", "load"), 0) for i, n in enumerate(names) if n == name)
+
+    nt = (V + 1023) // 1024
+    return scored[0], round(logits_bytes("_band_gather_kernel") / (4 * V) * nt), \
+        logits_bytes("_band_finish_kernel"), tok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--V", type=int, default=128256)
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--settings", default="T1.0 p0.95;T0.6 p0.9")
+    a = ap.parse_args(argv)
+    mod = load_kernels(None)
+    print(f"| setting | row kind | blocks scored / gathered ({a.rows} rows, V = {a.V}) "
+          "| finish's logits bytes |")
+    print("|---|---|---|---|")
+    for setting in a.settings.split(";"):
+        for kind in a.kinds.split(","):
+            n, g, fin, _ = count(mod, kind, setting, a.rows, a.V)
+            share = f"{n} / {g} ({100 * n / g:.0f}%)" if g else "no band row"
+            print(f"| {setting} | {kind} | {share} | {fin} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

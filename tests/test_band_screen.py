@@ -1,0 +1,120 @@
+"""The band gather's screened draw (kernels/band.py _screened_winner, band_plan._screen_bound)
+under the interpreter: a block scores its tokens' Gumbel noise (two logs a token) only when one
+of its kept tokens can reach the row's bound S = ln(p Z) - SCREEN_C; the finish checks the
+winner against S and takes the row pass below it, so the tokens are the twin's for any noise.
+
+64-token blocks with 8 candidate slots, as tests/test_kernel_band.py."""
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from test_kernel_v2 import _run, _twin_tokens
+from test_kernel_v3 import KernelReads
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
+                                reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
+
+GEOM = dict(tile=64, cand=8)
+
+
+def _modules():
+    from gpu_sampler.kernels import band, band_plan, sampling
+    return band, band_plan, sampling
+
+
+def _screen_on(monkeypatch):
+    """The launcher screens above SCREEN_PROGRAMS programs (B C); these small batches are
+    below it."""
+    monkeypatch.setattr(_modules()[2], "SCREEN_PROGRAMS", 0)
+
+
+class ScoredBlocks:
+    """How many gather blocks took the exact draw (calls of band.py's _gumbel_of, one a block
+    whose screen let a lane through)."""
+
+    def __init__(self, monkeypatch):
+        band = _modules()[0]
+        inner = band._gumbel_of
+        self.n = 0
+
+        def counted(u):
+            self.n += 1
+            return inner(u)
+
+        monkeypatch.setattr(band, "_gumbel_of", counted)
+
+
+def _check(x, kw, tok, lp):
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
+
+
+def _flat_rows(B, V, g):
+    """Flat N(0, 1) rows at T 1.0 / top-p 0.95, a seed each: nuclei of thousands of tokens."""
+    x = torch.randn(B, V, generator=g)
+    return x, dict(temperature=1.0, top_p=0.95, seed=torch.arange(B) + 100,
+                   offset=torch.arange(B))
+
+
+def test_screen_scores_few_blocks_and_keeps_the_twins_tokens(monkeypatch):
+    """Eight flat band rows, 65 blocks each: the blocks that score are a small share (~e^3 / p
+    tokens a row can reach S), the reads stay two, every token and logprob is the twin's."""
+    V = 4099
+    x, kw = _flat_rows(8, V, torch.Generator().manual_seed(71))
+    reads = KernelReads(x, monkeypatch)
+    scored = ScoredBlocks(monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert reads.bytes["_band_gather_kernel"] == x.numel() * 4
+    assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no row fell back
+    blocks = 8 * ((V + 63) // 64)
+    assert 0 < scored.n < blocks // 3, (scored.n, blocks)
+    _check(x, kw, tok, lp)
+
+
+def test_min_p_band_rows_score_every_block(monkeypatch):
+    """With min-p beside top-p the kept mass has no bound (min-p may cut below p Z): no screen,
+    every block with a kept token above the band scores, the twin's tokens."""
+    V = 4099
+    x, kw = _flat_rows(2, V, torch.Generator().manual_seed(72))
+    kw["min_p"] = 0.02
+    _screen_on(monkeypatch)
+    scored = ScoredBlocks(monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert scored.n >= 2 * ((V + 63) // 64) * 0.9, scored.n
+    _check(x, kw, tok, lp)
+
+
+def test_winner_below_the_bound_takes_the_row_pass(monkeypatch):
+    """SCREEN_C = -200 puts S above every score: no block scores, the finish finds the winner
+    below S and runs the row pass (its reads), still the twin's tokens."""
+    import triton.language as tl
+    band_plan = _modules()[1]
+    monkeypatch.setattr(band_plan, "SCREEN_C", tl.constexpr(-200.0))
+    _screen_on(monkeypatch)
+    V = 2053
+    x, kw = _flat_rows(2, V, torch.Generator().manual_seed(73))
+    reads = KernelReads(x, monkeypatch)
+    scored = ScoredBlocks(monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert scored.n == 0
+    assert reads.bytes["_band_finish_kernel"] >= 2 * 2 * V * 4  # a search round + the draw, each
+    _check(x, kw, tok, lp)
+
+
+def test_one_program_a_block_scores_every_block(monkeypatch):
+    """At most one gather program a SM (B C <= SCREEN_PROGRAMS: B = 1) runs unscreened, each
+    program one block: every block scores, the same tokens as screened."""
+    V = 4099
+    x, kw = _flat_rows(2, V, torch.Generator().manual_seed(74))
+    sampling = _modules()[2]
+    monkeypatch.setattr(sampling, "SCREEN_PROGRAMS", 10 ** 9)
+    scored = ScoredBlocks(monkeypatch)
+    tok, lp = _run(x, **GEOM, **kw)
+    assert scored.n == 2 * ((V + 63) // 64)
+    _check(x, kw, tok, lp)
+    _screen_on(monkeypatch)
+    n0 = scored.n
+    tok_s, lp_s = _run(x, **GEOM, **kw)
+    assert scored.n - n0 < n0 // 2
+    assert torch.equal(tok_s, tok) and torch.equal(lp_s, lp)
