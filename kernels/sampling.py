@@ -178,6 +178,8 @@ class _Call:
                             # (B <= 6 at V = 128256, 5 with presence / frequency penalties;
                             # from the planned batch)
     fp: int = 16            # band finish programs per row (_band_programs, the planned batch)
+    screen: bool = False    # the band gather screens its draw (more programs than
+                            # SCREEN_PROGRAMS, the planned batch's)
     greedy: bool = False    # every row greedy (a scalar T = 0), nothing but tokens and their
                             # logprobs asked: stage 1 writes each block's max and first token
     greedy_rows: bool = False  # so do the greedy rows (T == 0) of a tensor T
@@ -458,7 +460,7 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
         tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps), SECOND=both is not None,
-        SCREEN=B * g["C"] > SCREEN_PROGRAMS, **_gather_regs(c, both), **_band_const(c))
+        SCREEN=c.screen, **_gather_regs(c, both), **_band_const(c))
     if both and c.top.state:
         _finish_second(c, *sq, tok, logp, second.sf, second.write_probs)
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
@@ -637,6 +639,7 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
                  second and bands and (plan_batch or B) * g["C"] <= (
                      GATHER_SLOTS_PF if has_pf else GATHER_SLOTS_WIDE),
                  _band_programs(plan_batch or B, logits.device),
+                 (plan_batch or B) * g["C"] > SCREEN_PROGRAMS,
                  *_greedy_reads(v["temperature"], write_probs, amateur_logits, top[0]))
 
 
