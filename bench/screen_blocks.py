@@ -1,7 +1,8 @@
 """How many of the band gather's blocks score their tokens' Gumbel noise (kernels/band.py,
 _screened_winner), counted under the interpreter at the GPU's geometry (1024-token blocks),
-on bench/rows.py's row kinds: the rest skip the noise's two logs a token. Also the rows whose
-winner fell below the screen's bound (the finish's row pass: logits read by the finish).
+on bench/rows.py's row kinds, with B = 64's chunk plan (where the launcher screens): the rest
+skip the noise's two logs a token. Also the rows whose winner fell below the screen's bound
+(the finish's row pass: logits read by the finish).
 
     python bench/screen_blocks.py                          # T 1.0 p 0.95 and T 0.6 p 0.9
     python bench/screen_blocks.py --rows 4 --kinds flat
@@ -36,11 +37,15 @@ def count(mod, kind, setting, rows, V):
     base = (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
             ti.GridExecutor.__call__)
     band._gumbel_of = counted
+    # the launcher screens above SCREEN_PROGRAMS gather programs (B C): B = 64's plan is, the
+    # interpreter's few rows are not
+    screen, ks.SCREEN_PROGRAMS = ks.SCREEN_PROGRAMS, 0
     try:
         c.install()
         tok = ks.fused_sample(x, tile=1024, chunks=ks.plan(64, V, tile=1024)["C"], **kw)[0]
     finally:
         band._gumbel_of = inner
+        ks.SCREEN_PROGRAMS = screen
         (ti.InterpreterBuilder.create_masked_load, ti.InterpreterBuilder.create_masked_store,
          ti.GridExecutor.__call__) = base
     names = [n for n, _ in c.launches]

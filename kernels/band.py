@@ -73,7 +73,7 @@ from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TI
                         NBUCK, Q_SLACK, QR)
 from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _gumbel_of,
                      _kept_slots, _maxmin_combine, _param, _penalised_tile, _pivot_update,
-                     _pivots, _row_key, _row_scale, _uniform)
+                     _pivots, _quotient, _row_key, _row_scale, _uniform)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -144,7 +144,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           lrow, 0.0, 0.0, 0.0, False, False)
-    x = xp / tdiv
+    x = _quotient(xp, tdiv)
     e = tl.exp(x - M)
     fin = inb & (x > float("-inf")) & (x < float("inf"))
     J = _band_bin(xp, F, BAND_S / tdiv) + _band_shift(fmax, F)
