@@ -115,19 +115,20 @@ def _screened_winner(x, e, kept, M, k0, k1, offs, ks, TILE: tl.constexpr, SCREEN
     lane is (a uniform branch). The finish takes the row pass when the row's winner is below S,
     so the answer is exact for any noise. With ks = +inf (min-p rows) every kept lane
     (e >= min_p > 0) is scored."""
+    u = _uniform(k0, k1, offs)
+    s_b = tl.full([], float("-inf"), tl.float32)
+    i_b = tl.zeros([], tl.int32)
+    x_b = tl.full([], float("-inf"), tl.float32)
     if SCREEN:
-        u = _uniform(k0, k1, offs)
         cand = kept & (1.0 - u <= e * ks)
-        s_b = tl.full([], float("-inf"), tl.float32)
-        i_b = tl.zeros([], tl.int32)
-        x_b = tl.full([], float("-inf"), tl.float32)
-        if tl.max(cand.to(tl.int32), axis=0) > 0:
-            score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
-            s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
+        scores = tl.max(cand.to(tl.int32), axis=0) > 0
     else:
-        score = tl.where(kept, (x - M) + _gumbel_of(_uniform(k0, k1, offs)), float("-inf"))
-        # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is
-        # kept)
+        cand = kept
+        scores = True
+    if scores:
+        score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
+        # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
+        # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     return s_b, i_b, x_b
 

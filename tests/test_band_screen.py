@@ -8,14 +8,12 @@ import pytest
 import torch
 
 from conftest import BACKENDS, DEVICE
-from test_kernel_v2 import _run, _twin_tokens
+from test_kernel_band import GEOM, _check
+from test_kernel_v2 import _run
 from test_kernel_v3 import KernelReads
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
                                 reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
-
-GEOM = dict(tile=64, cand=8)
-
 
 def _modules():
     from gpu_sampler.kernels import band, band_plan, sampling
@@ -42,12 +40,6 @@ class ScoredBlocks:
             return inner(u)
 
         monkeypatch.setattr(band, "_gumbel_of", counted)
-
-
-def _check(x, kw, tok, lp):
-    tw_tok, tw_lp = _twin_tokens(x, **kw)
-    assert torch.equal(tok, tw_tok)
-    torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
 
 
 def _flat_rows(B, V, g):
