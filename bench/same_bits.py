@@ -9,8 +9,10 @@ them with torch.equal against a saved file.
     python bench/same_bits.py --screen-all --save /tmp/s.pt --against /tmp/old.pt
 
 --kernels loads another checkout's kernels folder (a git worktree) as the package; ~2 min a run
-with the interpreter shortcut. --screen-all screens the band gather's draw at every batch
-(sampling.SCREEN_PROGRAMS = 0), where the launcher would not at these small batches.
+with the interpreter shortcut. --tile 1024 runs the GPU's block size (the interpreter's default
+2048 takes other code paths in places, e.g. common._kept_slots' plain cumsum). --screen-all
+screens the gathers' draw at every batch (sampling.SCREEN_PROGRAMS = 0), where the launcher
+would not at these small batches.
 """
 import argparse
 import os
@@ -28,8 +30,9 @@ NAMES = ("T1.0", "T0.6 p0.9", "T1.0 p0.95", "T1.0 minp0.05", "T1.0 k50",
          "T0.7 k20 p0.8 rep1.05", "mixed")
 
 
-def run(ks, V=32000):
-    """{(kind, setting, seed): (tokens, logprobs)} of every case."""
+def run(ks, V=32000, tile=None):
+    """{(kind, setting, seed): (tokens, logprobs)} of every case (tile: the block size; None is
+    the interpreter's default, 2048)."""
     out = {}
     for kind in KINDS:
         for name in NAMES:
@@ -41,6 +44,8 @@ def run(ks, V=32000):
                 if L:
                     g = torch.Generator().manual_seed(seed)
                     kw["input_ids"] = torch.randint(0, V, (B, L), generator=g)
+                if tile is not None:
+                    kw["tile"] = tile
                 tok, lp = ks.fused_sample(x, seed=1234 + seed, offset=7, **kw)[:2]
                 out[(kind, name, seed)] = (tok.clone(), lp.clone())
                 print(kind, name, seed, tok.tolist(), flush=True)
@@ -53,11 +58,13 @@ def main(argv=None):
     ap.add_argument("--save", required=True)
     ap.add_argument("--against", default=None)
     ap.add_argument("--screen-all", action="store_true")
+    ap.add_argument("--tile", type=int, default=None,
+                    help="block size (1024: the GPU's, whose packed slot scans 2048 skips)")
     a = ap.parse_args(argv)
     ks = load_kernels(a.kernels).sampling
     if a.screen_all:
         ks.SCREEN_PROGRAMS = 0
-    out = run(ks)
+    out = run(ks, tile=a.tile)
     torch.save(out, a.save)
     if a.against:
         ref = torch.load(a.against)

@@ -76,6 +76,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     # band gather runs it only where a variant says so: SECOND=True; its screened draw too)
     if kernel == "band_gather":
         consts.setdefault("SECOND", False)
+    if kernel in ("band_gather", "gather"):
         consts.setdefault("SCREEN", False)
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     # as the launcher: the band read when a row can have top-p without top-k
@@ -198,6 +199,12 @@ VARIANTS = {
     # the second read of rows the merge hands over (min-p alone, unproven pure temperature)
     "gather": ("gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, S_ZF=2, NS=5,
                               num_warps=4, maxnreg=64)),
+    # its screened draw (the launcher's choice above SCREEN_PROGRAMS programs: B >= 2 here)
+    "gather:screened": ("gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, S_ZF=2, NS=5,
+                                       SCREEN=True, num_warps=4, maxnreg=64)),
+    "gather:min-p screened": ("gather", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
+                                             HAS_MINP=True, S_ZF=2, NS=5, SCREEN=True,
+                                             num_warps=4, maxnreg=64)),
     "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4)),
     "finish:distribution": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, WRITE_PROBS=True,
                                            num_warps=4)),

@@ -50,14 +50,17 @@ order, so the result is the same for any chunk count, batch and FP.
 
 The screened draw (nineteenth session). The row's winner max over the kept set of
 (x - M) + G is Gumbel-distributed with location ln W_kept >= ln(p Z), so it lies below
-S = ln(p Z) - 3 (band_plan._screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
+S = ln(p Z) - 3 (band_plan._band_screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
 score >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u: the gather tests
 1 - u <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
 after the hash (one multiply, one compare) and scores exactly (two logs and the winner's
 reduction) only in a block where some kept lane passes: ~e^3 / p = 21 tokens a row pass, so ~15%
 of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
 row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
-(its cut can keep less than p Z): S = -inf, ks = +inf.
+(its cut can keep less than p Z): S = -inf, ks = +inf. The finish's slices screen their draw
+over the band list's tokens above bucket b the same way (twentieth session; a tile scores only
+where a kept lane passes), at any batch: the band tokens sit at tau, far below the top, so
+few pass.
 
 Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C); a failed row
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
@@ -71,9 +74,10 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _band_bin, _band_shift, _better, _gumbel, _gumbel_of,
-                     _kept_slots, _maxmin_combine, _param, _penalised_tile, _pivot_update,
-                     _pivots, _quotient, _row_key, _row_scale, _uniform)
+from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _gumbel,
+                     _gumbel_of, _kept_slots, _maxmin_combine, _param, _penalised_tile,
+                     _pivot_update, _pivots, _quotient, _row_key, _row_scale, _screen_scale,
+                     _screened, _uniform)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -82,12 +86,6 @@ from .stats import F_LO, NF
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
 G_WA, G_WK, G_S, G_X, G_AMIN, G_BMAX = (tl.constexpr(i) for i in range(6))
 NG = tl.constexpr(6)
-# the screen's slack in score units (_screen_scale): covers the fp32 rounding of e^(x - M) (its
-# argument's rounding included, |x - M| < 90), of the product e ks, of 1 - u and of the score's
-# two logs and sum, each a few ulp, by orders of magnitude
-SCREEN_M = tl.constexpr(2.0 ** -7)
-
-
 @triton.jit
 def _bucket(x, fmax, jc):
     """A band token's bucket (band_plan.py's table): floor(x QR) - qb clamped to [0, NBUCK), a
@@ -99,38 +97,24 @@ def _bucket(x, fmax, jc):
 
 
 @triton.jit
-def _screen_scale(slb):
-    """The gather's screen factor ks = e^(SCREEN_M - S) for the bound S = slb
-    (band_plan._screen_bound), SCREEN_M the slack for the screen's fp32 rounding; +inf for
-    S = -inf (no screen)."""
-    return tl.exp(-slb + SCREEN_M)
-
-
-@triton.jit
-def _screened_winner(x, e, kept, M, k0, k1, offs, ks, TILE: tl.constexpr, SCREEN: tl.constexpr):
-    """The block's best draw (score (x - M) + G, its lane, its x; the draw's rule) over its kept
-    lanes; with SCREEN only over those that can score >= S, or (-inf, 0, -inf) when none can.
-    A lane scores >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u, so a lane with
-    1 - u > e ks scores < S: its noise's two logs are skipped, and the whole block's when every
-    lane is (a uniform branch). The finish takes the row pass when the row's winner is below S,
-    so the answer is exact for any noise. With ks = +inf (min-p rows) every kept lane
-    (e >= min_p > 0) is scored."""
-    u = _uniform(k0, k1, offs)
+def _screened_winner(x, u, cand, M, scores, TILE: tl.constexpr):
+    """The block's best draw (score (x - M) + G, its lane, its x; the draw's rule) over the
+    lanes cand (_screened), or (-inf, 0, -inf) when scores is false (no lane passed)."""
     s_b = tl.full([], float("-inf"), tl.float32)
     i_b = tl.zeros([], tl.int32)
     x_b = tl.full([], float("-inf"), tl.float32)
-    if SCREEN:
-        cand = kept & (1.0 - u <= e * ks)
-        scores = tl.max(cand.to(tl.int32), axis=0) > 0
-    else:
-        cand = kept
-        scores = True
     if scores:
         score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
         # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     return s_b, i_b, x_b
+
+
+@triton.jit
+def _edges_combine(lo1, hi1, n1, lo2, hi2, n2):
+    """(min, max, sum) in one reduction: one cross-warp exchange for the three."""
+    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), n1 + n2
 
 
 @triton.jit
@@ -152,18 +136,25 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     above = fin & (J < ja)
     band = fin & (J >= ja) & (J <= jc)
     kept = above & (e >= minp)
-    s_b, i_b, x_b = _screened_winner(x, e, kept, M, k0, k1, offs, ks, TILE, SCREEN)
+    u = _uniform(k0, k1, offs)
+    cand = _screened(kept, u, e, ks, SCREEN)
+    # min x above, max x below (and the screen's count): exact in any order, one reduction
+    lo = tl.where(above, x, float("inf"))
+    hi = tl.where(fin & (J > jc), x, float("-inf"))
+    if SCREEN:
+        amin, bmax, nc = tl.reduce((lo, hi, cand.to(tl.int32)), 0, _edges_combine)
+        s_b, i_b, x_b = _screened_winner(x, u, cand, M, nc > 0, TILE)
+    else:
+        s_b, i_b, x_b = _screened_winner(x, u, cand, M, True, TILE)
+        bmax, amin = tl.reduce((hi, lo), 0, _maxmin_combine)
     tl.store(gf + G_WA * NT + t, tl.sum(tl.where(above, e, 0.0), axis=0))
     tl.store(gf + G_WK * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
     tl.store(gf + G_S * NT + t, s_b)
     tl.store(gf + G_X * NT + t, x_b)
-    tl.store(gf + G_AMIN * NT + t, tl.min(tl.where(above, x, float("inf")), axis=0))
-    tl.store(gf + G_BMAX * NT + t, tl.max(tl.where(fin & (J > jc), x, float("-inf")), axis=0))
+    tl.store(gf + G_AMIN * NT + t, amin)
+    tl.store(gf + G_BMAX * NT + t, bmax)
     tl.store(gi + t, (t * TILE + i_b).to(tl.int32))
-    if HAS_PF:  # the packed scan's int64 fields spill 8 bytes under this variant's 72 cap
-        pos = off_t + tl.cumsum(band.to(tl.int32), 0) - 1
-    else:
-        pos = off_t + _kept_slots(band, TILE, R)
+    pos = off_t + _kept_slots(band, TILE, R)
     sel = band & (pos < CAP)  # by construction always (the plan counted the same bins)
     tl.store(xs_ptr + base + pos, x, mask=sel)
     tl.store(is_ptr + base + pos, offs, mask=sel)
@@ -206,7 +197,7 @@ def _band_gather_kernel(
                             off_s, rf_ptr, qf_ptr, qi_ptr, logits_ptr, 0, logits_ptr, 0.0,
                             logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
                             HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, False,
-                            False, False)
+                            False, False, SCREEN)
     ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1, True)
     if ok:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
@@ -327,14 +318,16 @@ def _last_bucket(q1, a1, q2, a2):
 
 
 @triton.jit
-def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, minp, k0, k1,
+def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, minp, k0, k1, ks,
                  CB: tl.constexpr):
     """One finish program's slice [i0, i1) of the band list: its tokens in bucket b (where tau
     is) copied to (sx, si) from i0 on in list order, their min and max x, and the draw over
     the buckets above b (all kept but for min-p): per lane their kept mass (fixed point, e 2^47:
     integer sums, the same for any slicing) and the best score (Gumbel noise by id, the lower
-    id on a tie) with its id and x, reduced once at the end (_draw_reduce). Returns (count, min,
-    max, kept mass, best, id, x)."""
+    id on a tie) with its id and x, reduced once at the end (_draw_reduce). The draw is
+    screened as the gather's (_screened_winner, factor ks): a tile scores (two logs a lane)
+    only where a kept lane can reach the plan's bound S, which the row's last program checks
+    the winner against. Returns (count, min, max, kept mass, best, id, x)."""
     m = tl.zeros([], tl.int32)
     lo = tl.full([CB], float("inf"), tl.float32)
     hi = tl.full([CB], float("-inf"), tl.float32)
@@ -350,15 +343,20 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
         pos = i0 + m + tl.cumsum(sel.to(tl.int32), 0) - 1
         tl.store(sx_ptr + base + pos, x, mask=sel)
         tl.store(si_ptr + base + pos, ids, mask=sel)
-        m += tl.sum(sel.to(tl.int32), axis=0)
         lo = tl.minimum(lo, tl.where(sel, x, float("inf")))
         hi = tl.maximum(hi, tl.where(sel, x, float("-inf")))
         e = tl.exp(x - M)
         keep = ok & (q > b) & (e >= minp)
         zq += tl.where(keep, (e * FX).to(tl.int64), 0)
-        score = (x - M) + _gumbel(k0, k1, ids)
-        upd = keep & ((score > sl) | ((score == sl) & (ids < il)))
-        sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
+        u = _uniform(k0, k1, ids)
+        cand = _screened(keep, u, e, ks, True)
+        # the tile's bucket-b count and its screened lanes in one reduction
+        nsel, ncand = tl.reduce((sel.to(tl.int32), cand.to(tl.int32)), 0, _add2)
+        m += nsel
+        if ncand > 0:
+            score = (x - M) + _gumbel_of(u)
+            upd = cand & ((score > sl) | ((score == sl) & (ids < il)))
+            sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
     best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))
     hi, lo = tl.reduce((hi, lo), 0, _maxmin_combine)
     return m, lo, hi, tl.sum(zq, axis=0), best, bidx, bx
@@ -418,7 +416,8 @@ def _above_mass(gf, NT, NT_P2: tl.constexpr):
 
 @triton.jit
 def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, fs, NT, M, Z,
-                p, minp, k0, k1, fmax, NT_P2: tl.constexpr, CB: tl.constexpr, FP: tl.constexpr):
+                p, minp, k0, k1, ks, fmax, NT_P2: tl.constexpr, CB: tl.constexpr,
+                FP: tl.constexpr):
     """Finish program s of a band row's fs (<= FP): tau's bucket b from the table (each program
     the same), then _band_filter over its 1 / fs of the band list; its partials to (sp, spi).
     Returns (target, b, A) for the row's last program (the same in every program)."""
@@ -429,7 +428,7 @@ def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, f
     i0 = tl.minimum(s * sl, n)
     m, lo, hi, z, best, bidx, bx = _band_filter(xs_ptr, is_ptr, base, i0, tl.minimum(i0 + sl, n),
                                                 sx_ptr, si_ptr, fmax, tl.load(bi + I_JC), b, M,
-                                                minp, k0, k1, CB)
+                                                minp, k0, k1, ks, CB)
     tl.store(sp + S_LO * FP + s, lo)
     tl.store(sp + S_HI * FP + s, hi)
     tl.store(sp + S_S * FP + s, best)
@@ -540,7 +539,13 @@ def _band_finish_kernel(
         own = tl.program_id(0).to(tl.int64)
         if tl.program_id(1) == 0:
             if tl.load(tok_ptr + own) == HANDED:
-                _finish_sampled(own, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2)
+                _finish_sampled(own, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb,
+                                bnd_ptr, x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s,
+                                pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr,
+                                seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr,
+                                logp_ptr, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
+                                HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                                NT_P2)
     busy, row, s, fs = _listed_share(tok_ptr, cnt_ptr, FP)
     if busy & (s < fs):
         T, rep, pres, freq, tdiv = _row_scale(
@@ -555,6 +560,7 @@ def _band_finish_kernel(
         k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
         birow = bi_ptr + row * NBI
         ok = tl.load(birow + I_OK) != 0
+        slb = tl.load(bf_ptr + row * NBF + B_SLB)
         last = s == 0
         z_f = tl.zeros([], tl.float32)
         bidx = row * 0 - 1
@@ -564,15 +570,14 @@ def _band_finish_kernel(
         if ok:
             target, b, A = _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
                                        sx_ptr, si_ptr, sprow, spirow, row * CAP, s, fs, NT, M,
-                                       Z, p, minp, k0, k1, tl.load(bf_ptr + row * NBF + B_FMAX),
-                                       NT_P2, CB, FP)
+                                       Z, p, minp, k0, k1, _screen_scale(slb),
+                                       tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, FP)
             tl.debug_barrier()
             last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == fs - 1
             if last:
                 ok, z_f, bidx, bx = _band_result(
                     gfrow, gi_ptr + row * NT, birow, xs_ptr, is_ptr, sx_ptr, si_ptr, sprow,
-                    spirow, row * CAP, fs, NT, M, target, b, A, minp,
-                    tl.load(bf_ptr + row * NBF + B_SLB), k0, k1, NT_P2, SB2,
+                    spirow, row * CAP, fs, NT, M, target, b, A, minp, slb, k0, k1, NT_P2, SB2,
                     NPIV2, MAX_ROUNDS, FP, SEG)
         if last:
             if ~ok:

@@ -20,7 +20,7 @@ call compiled for the band read.)
 import triton
 import triton.language as tl
 
-from .common import BAND_S, NBIN, _band_shift
+from .common import BAND_S, NBIN, _band_shift, _screen_bound
 
 # a row the merge hands to the band read is flagged with token BAND_ROW; its plan: float32
 # [B, NBF] (M, Z, Fmax, the draw's screen bound S) and int32 [B, NBI] (band found, its row bins
@@ -46,22 +46,13 @@ NBUCK = tl.constexpr(1024)
 QR = tl.constexpr(256.0)
 Q_SLACK = tl.constexpr(64.0)
 FX = tl.constexpr(140737488355328.0)  # 2^47: CAP < 2^16 tokens of e <= 1 sum below 2^63
-# The draw's screen (kernels/band.py, _band_block): the winner's score max over the kept set of
-# (x - M) + G is Gumbel with location ln W_kept >= ln(p Z) (top-p keeps >= p Z), so it is below
-# S = ln(p Z) - SCREEN_C with probability <= exp(-e^SCREEN_C) = 1.9e-9; the gather scores
-# exactly only the tokens that can reach S (~e^SCREEN_C / p of them a row) and the finish
-# checks the winner against S (the row pass below it: exact whatever the noise). Floor -60:
-# a token whose e^(x - M) flushes to 0 (x - M < -87.3) scores < -70 (the noise is < 17.4).
-SCREEN_C = tl.constexpr(3.0)
-SCREEN_FLOOR = tl.constexpr(-60.0)
 
 
 @triton.jit
-def _screen_bound(p, Z, minp):
-    """S, the bound the band gather screens its draw against (above), or -inf: no screen with
-    min-p (its cut can leave less than p Z kept)."""
-    s = tl.maximum(tl.log(p * Z) - SCREEN_C, SCREEN_FLOOR)
-    return tl.where(minp > 0.0, float("-inf"), s)
+def _band_screen_bound(p, Z, minp):
+    """S, the bound the band read screens its draw against (common.py, "the draw's screen"):
+    top-p keeps W_kept >= p Z; -inf (no screen) with min-p, whose cut can leave less kept."""
+    return tl.where(minp > 0.0, float("-inf"), _screen_bound(p * Z))
 
 
 @triton.jit
@@ -70,17 +61,24 @@ def _row_counts(hrow, frow, NT, fmax, TB: tl.constexpr):
     bytes from L2): block t's bin j is row bin J = j + shift_t, so each chunk of TB blocks
     loads h[t, J - shift_t] for every J of the window, a gather load: no scatter-add (the
     first plan re-read the counts once per bisection step and per grow step, 25 passes).
-    The next chunk's counts and the one after's tops are in flight while a chunk is summed
-    (the merge's one program per row waits on every load)."""
-    cnt = tl.zeros([JW], tl.int32)
-    h = _chunk_counts(hrow, NT, fmax, _chunk_tops(frow, NT, 0, TB), 0, TB)
+    A chunk is one flat [JW TB] tile, lane e = J TB + (t - t0): a thread's lanes are 256 apart,
+    so they all hold one block (its top, shift and row address once a chunk, one add and an
+    immediate offset a lane; a 2-D tile put the block on the lanes' axis and redid them on
+    every lane), and the lanes' sums are reduced over the blocks once, at the end. The next
+    chunk's counts and the one after's tops are in flight while a chunk is summed (the
+    merge's one program per row waits on every load)."""
+    e = tl.arange(0, JW * TB)
+    tk = e % TB
+    J = e // TB
+    acc = tl.zeros([JW * TB], tl.int32)
+    h = _chunk_counts(hrow, fmax, _chunk_tops(frow, NT, 0, TB), tk, J, TB)
     F = _chunk_tops(frow, NT, TB, TB)
     for t0 in range(TB, NT + TB, TB):
-        h_n = _chunk_counts(hrow, NT, fmax, F, t0, TB)
+        h_n = _chunk_counts(hrow, fmax, F, t0 + tk, J, TB)
         F = _chunk_tops(frow, NT, t0 + TB, TB)
-        cnt += tl.sum(h.to(tl.int32), axis=0)
+        acc += h.to(tl.int32)
         h = h_n
-    return cnt
+    return tl.sum(tl.reshape(acc, [JW, TB]), axis=1)
 
 
 @triton.jit
@@ -91,13 +89,13 @@ def _chunk_tops(frow, NT, t0, TB: tl.constexpr):
 
 
 @triton.jit
-def _chunk_counts(hrow, NT, fmax, F, t0, TB: tl.constexpr):
-    """Blocks [t0, t0 + TB)'s counts at every row bin J < JW: h[t, J - shift_t], 0 outside."""
-    J = tl.arange(0, JW)
-    tb = t0 + tl.arange(0, TB)
-    j = J[None, :] - _band_shift(fmax, F)[:, None]
-    ok = (tb < NT)[:, None] & (j >= 0) & (j < NBIN)
-    return tl.load(hrow + tb[:, None] * NBIN + j, mask=ok, other=0)
+def _chunk_counts(hrow, fmax, F, tb, J, TB: tl.constexpr):
+    """Block tb's count at row bin J, lane by lane: h[t, J - shift_t], 0 outside (a block past
+    NT has F = -inf, shift = SHIFT_MAX: no j in range). F [TB] reaches the lanes as one
+    shift a thread (broadcast, then the lane order of the flat tile)."""
+    sh = tl.reshape(tl.broadcast_to(_band_shift(fmax, F)[None, :], [JW, TB]), [JW * TB])
+    j = J - sh
+    return tl.load((hrow + (tb * NBIN - sh)) + J, mask=(j >= 0) & (j < NBIN), other=0)
 
 
 @triton.jit
@@ -174,7 +172,7 @@ def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, minp,
     tl.store(bfrow + B_M, M)
     tl.store(bfrow + B_Z, Z)
     tl.store(bfrow + B_FMAX, fmax)
-    tl.store(bfrow + B_SLB, _screen_bound(p, Z, minp))
+    tl.store(bfrow + B_SLB, _band_screen_bound(p, Z, minp))
     tl.store(birow + I_OK, ok.to(tl.int32))
     tl.store(birow + I_JA, ja)
     tl.store(birow + I_JC, jc)

@@ -142,27 +142,126 @@ def _gumbel_fast(k0, k1, offs):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _add2_max(a0, a1, a2, b0, b1, b2):
+    """(sum, sum, max): the slot words' totals and a max in one reduction."""
+    return a0 + b0, a1 + b1, tl.maximum(a2, b2)
+
+
+@triton.jit
 def _kept_slots(keep, TILE: tl.constexpr, R: tl.constexpr):
     """Exclusive rank of each kept lane in id order (its slot among the block's candidates in
     stage 1, among the block's band tokens in the band gather).
 
     The tile is viewed as [TILE / R, R] with R = the program's threads: with one element per
     thread, row r of thread j is lane r * R + j, so each thread packs its rows' keep bits into
-    one int64 (FW bits a row) and a single scan over the R threads ranks every row at once
-    (a per-lane cumsum scans each row separately). No field carries: a row holds <= R lanes."""
+    two int32 words (_slot_words) and a single scan of the word pair over the R threads ranks
+    every row at once (a per-lane cumsum scans each row separately); _word_slots reads the
+    slots off. Everything after the scan is 32-bit: a slot is one byte-field extract and one
+    add (an int64 form spent ~8 instructions a lane on 64-bit shifts and address carries).
+    Geometries whose rows do not fit two words (or one row a thread) take the plain cumsum."""
     NREP: tl.constexpr = TILE // R
     FW: tl.constexpr = 8 if R < 256 else 16
-    kept = keep.to(tl.int32)
-    if NREP == 1 or NREP * FW > 64:
-        slot = tl.cumsum(kept, 0) - kept
+    # packed: >= 2 rows a thread, half of them in one int32 word
+    if NREP > 1 and (NREP // 2) * FW <= 32:
+        w0, w1 = _slot_words(keep, TILE, R)
+        t0, t1 = tl.reduce((w0, w1), 0, _add2)
+        slot = _word_slots(w0, w1, t0, t1, TILE, R)
     else:
-        sh = (tl.arange(0, NREP) * FW).to(tl.int64)[:, None]
-        packed = tl.sum(tl.reshape(kept, [NREP, R]).to(tl.int64) << sh, axis=0)
-        excl = tl.cumsum(packed, 0) - packed
-        rowtot = (tl.sum(packed, axis=0) >> sh) & ((1 << FW) - 1)
-        slot2 = (tl.cumsum(rowtot, 0) - rowtot) + ((excl[None, :] >> sh) & ((1 << FW) - 1))
-        slot = tl.reshape(slot2, [TILE]).to(tl.int32)
+        kept = keep.to(tl.int32)
+        slot = tl.cumsum(kept, 0) - kept
     return slot
+
+
+@triton.jit
+def _kept_slots_max(keep, v, TILE: tl.constexpr, R: tl.constexpr):
+    """(_kept_slots(keep), max of v): v's max reduced with the slot words' totals, one
+    cross-warp exchange for both (v's lanes first within each thread: the same rows)."""
+    NREP: tl.constexpr = TILE // R
+    FW: tl.constexpr = 8 if R < 256 else 16
+    if NREP > 1 and (NREP // 2) * FW <= 32:  # _kept_slots' packed geometries
+        w0, w1 = _slot_words(keep, TILE, R)
+        vr = tl.max(tl.reshape(v, [NREP, R]), axis=0)
+        t0, t1, vmax = tl.reduce((w0, w1, vr), 0, _add2_max)
+        slot = _word_slots(w0, w1, t0, t1, TILE, R)
+    else:
+        kept = keep.to(tl.int32)
+        slot = tl.cumsum(kept, 0) - kept
+        vmax = tl.max(v, axis=0)
+    return slot, vmax
+
+
+@triton.jit
+def _slot_words(keep, TILE: tl.constexpr, R: tl.constexpr):
+    """Each thread's keep bits as two int32 words ([R] each): rows [0, HALF) in the first,
+    [HALF, 2 HALF) in the second, FW bits a row (a row holds <= R lanes: no field carries)."""
+    NREP: tl.constexpr = TILE // R
+    FW: tl.constexpr = 8 if R < 256 else 16
+    HALF: tl.constexpr = NREP // 2
+    r = tl.arange(0, NREP)[:, None]
+    bits = tl.reshape(keep.to(tl.int32), [NREP, R]) << ((r % HALF) * FW)
+    low = r < HALF
+    return tl.sum(tl.where(low, bits, 0), axis=0), tl.sum(tl.where(low, 0, bits), axis=0)
+
+
+@triton.jit
+def _word_slots(w0, w1, t0, t1, TILE: tl.constexpr, R: tl.constexpr):
+    """The lanes' slots from the words and their totals over the threads (t0, t1): one scan
+    of the pair, then each row's count before it plus the lane's rank within its row."""
+    NREP: tl.constexpr = TILE // R
+    FW: tl.constexpr = 8 if R < 256 else 16
+    HALF: tl.constexpr = NREP // 2
+    fmask: tl.constexpr = (1 << FW) - 1
+    r = tl.arange(0, NREP)[:, None]
+    sh = (r % HALF) * FW
+    low = r < HALF
+    c0, c1 = tl.associative_scan((w0, w1), 0, _add2)
+    rowtot = (tl.where(low, t0, t1) >> sh) & fmask
+    excl = tl.where(low, (c0 - w0)[None, :], (c1 - w1)[None, :])
+    return tl.reshape((tl.cumsum(rowtot, 0) - rowtot) + ((excl >> sh) & fmask), [TILE])
+
+
+# The draw's screen (kernels/band.py's gather and finish, kernels/second.py's gather): the
+# winner's score, max over the kept set of (x - M) + G, is Gumbel with location ln W_kept, so it
+# is below S = ln W - SCREEN_C for any W <= W_kept with probability <= exp(-e^SCREEN_C) =
+# 1.9e-9. A kernel scores exactly (two logs a token) only the tokens that can reach S and the
+# finish checks the winner against S, re-drawing the row unscreened below it: every answer is
+# the unscreened one whatever the noise; W only sets how often that happens. Floor -60: a token
+# whose e^(x - M) flushes to 0 (x - M < -87.3) scores < -70 (the noise is < 17.4).
+SCREEN_C = tl.constexpr(3.0)
+SCREEN_FLOOR = tl.constexpr(-60.0)
+# the screen's slack in score units (_screen_scale): covers the fp32 rounding of e^(x - M) (its
+# argument's rounding included, |x - M| < 90), of the product e ks, of 1 - u and of the score's
+# two logs and sum, each a few ulp, by orders of magnitude
+SCREEN_M = tl.constexpr(2.0 ** -7)
+
+
+@triton.jit
+def _screen_bound(w):
+    """S for a kept mass of at least ~w (e^(x - M) units; above)."""
+    return tl.maximum(tl.log(w) - SCREEN_C, SCREEN_FLOOR)
+
+
+@triton.jit
+def _screen_scale(s):
+    """The screen factor ks = e^(SCREEN_M - S), SCREEN_M the slack for the screen's fp32
+    rounding; +inf for S = -inf (no screen)."""
+    return tl.exp(-s + SCREEN_M)
+
+
+@triton.jit
+def _screened(kept, u, e, ks, SCREEN: tl.constexpr):
+    """The kept lanes the draw scores: with SCREEN only those that can score >= S. A lane
+    scores >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u, so a lane with
+    1 - u > e ks scores < S: its noise's two logs are skipped, and the whole block's when every
+    lane is (a uniform branch). With ks = +inf every kept lane with e > 0 is scored."""
+    if SCREEN:
+        return kept & (1.0 - u <= e * ks)
+    return kept
 
 
 # the draw's tie rule: the largest score, the lowest token id among equal scores
@@ -356,12 +455,14 @@ SHIFT_MAX = tl.constexpr(8192.0)
 
 @triton.jit
 def _band_bin(xp, F, s):
-    """A token's bin in its block: j = min(F - floor(xp s), NBIN - 1) with s = BAND_S / T and
-    F = floor(vm s) (vm the block's max finite xp), NaN -> the last bin. An estimate's grid:
-    every kernel that bins a token uses this same arithmetic on the same xp and the F that
-    stage 1 stored, so a token lands in the same bin in all of them."""
-    d = F - tl.floor(xp * s)
-    return tl.where(d < NBIN - 1, d, NBIN - 1).to(tl.int32)
+    """A finite token's bin in its block: j = min(F - floor(xp s), NBIN - 1) with s = BAND_S / T
+    and F = floor(vm s) (vm the block's max finite xp), as F - floor(max(xp s, F - 127)) in
+    integers (floor is monotone; F - 127 is an integer): one float-to-int conversion, no
+    float subtract and select. Non-finite xp get some bin (every caller masks them out). An
+    estimate's grid: every kernel that bins a token uses this same arithmetic on the same xp
+    and the F that stage 1 stored, so a token lands in the same bin in all of them."""
+    y = tl.maximum(xp * s, F - (NBIN - 1))
+    return F.to(tl.int32) - tl.floor(y).to(tl.int32)
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from .second import HANDED, SHARE_BAND, SHARE_HANDED
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
                      _best, _better, _cand_id, _cand_x, _gumbel, _head, _maxmin_combine, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _pure_row, _row_key, _row_scale, _tempered)
+                     _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
 
@@ -47,6 +47,33 @@ def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.c
     masked, never read."""
     ok, v = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
     return ok, _cand_x(v) / tdiv, _cand_id(v)
+
+
+@triton.jit
+def _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, minp):
+    """A lower bound on the mass min-p keeps, from the blocks' partials (no candidate read):
+    a block whose largest unstored x, g_t, reaches the cut keeps all its ncand_t candidates,
+    each >= g_t (they are an upper set of the block); any other keeps at least its max if that
+    reaches the cut. Only the screen's bound uses it: its tightness sets how many tokens are
+    scored, never an answer."""
+    g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
+    eg = tl.exp(g_t - M)
+    em = tl.exp(m_t - M)
+    w = tl.where(eg >= minp, ncand_t.to(tl.float32) * eg, tl.where(em >= minp, em, 0.0))
+    return tl.sum(tl.where(tin, w, 0.0), axis=0)
+
+
+@triton.jit
+def _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, minp, KT: tl.constexpr,
+                    CB: tl.constexpr, NT_P2: tl.constexpr):
+    """The candidates' mass sum e^(x - M) over those with e >= min_p: a lower bound on the
+    mass min-p keeps (one pass over the NT KT slots, from L2)."""
+    wm = tl.zeros([CB], tl.float32)
+    for b0 in range(0, NT * KT, CB):
+        ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
+        e = tl.exp(x - M)
+        wm += tl.where(ok & (e >= minp), e, 0.0)
+    return tl.sum(wm, axis=0)
 
 
 @triton.jit
@@ -563,12 +590,8 @@ def _merge_kernel(
             # alone and the row needs no top-p search (v2 searched and, when the nucleus
             # outgrew the candidates, fell back to the row). Top-k rows keep the search.
             if exact & p_act & (~k_act) & (minp > 0.0) & (tl.exp(G - M) < minp):
-                wm = tl.zeros([CB], tl.float32)
-                for b0 in range(0, NT * KT, CB):
-                    ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
-                    e = tl.exp(x - M)
-                    wm += tl.where(ok & (e >= minp), e, 0.0)
-                p_act = p_act & (tl.sum(wm, axis=0) >= p * Z)
+                wm = _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, minp, KT, CB, NT_P2)
+                p_act = p_act & (wm >= p * Z)
 
     if exact:
         # a bound LB <= tau from a histogram of the candidates, then the candidates >= LB
@@ -723,6 +746,12 @@ def _merge_kernel(
             tl.store(rf_ptr + row * 4, M)
             tl.store(rf_ptr + row * 4 + 1, Me)
             tl.store(rf_ptr + row * 4 + 2, lmin)
+            # the draw's screen bound (common.py): the kept mass is all of Z without min-p
+            wk = Z
+            if HAS_MINP:
+                wk = tl.where(minp > 0.0, _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M,
+                                                           minp), Z)
+            tl.store(rf_ptr + row * 4 + 3, _screen_bound(wk))
             fallback = fallback & (~fallback)
             bidx = bidx * 0 - 2
             z_f = z_f * 0.0 - 1.0

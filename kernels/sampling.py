@@ -418,18 +418,22 @@ def _launch_second(c, s, tok, logp, cnt, finish):
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], cnt, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), s.rf, tok, s.sf, s.qf,
         s.qi, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, num_warps=c.num_warps,
+        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, SCREEN=c.screen, num_warps=c.num_warps,
         **({} if c.const["CD"] else _regs(STATS_REGS)), **c.const)
     if finish:
         _finish_second(c, s.rf, s.qf, s.qi, tok, logp, s.sf, s.write_probs)
 
 
 def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
-    """The second read's finish (kernels/second.py), grid (B,)."""
-    g = c.g
-    _finish_kernel[(c.logits.shape[0],)](
-        g["NT"], rf, qf, qi, tok, logp, sf, S_TAU=S_TAU, S_ZF=S_ZF, NS=NS,
-        WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4)
+    """The second read's finish (kernels/second.py), grid (B,); the gather's arguments are for
+    a row whose screened winner fell below the merge's bound (it re-draws the row)."""
+    g, L = c.g, c.logits
+    _finish_kernel[(L.shape[0],)](
+        L, L.stride(0), L.shape[1], g["NT"], *c.hist, *_penalty_args(c), *c.p["minp"].pair(),
+        *c.p["seed"].pair(), *c.p["off"].pair(), rf, qf, qi, tok, logp, sf, *c.cdargs,
+        **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], S_TAU=S_TAU, S_ZF=S_ZF,
+        NS=NS, WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4,
+        **c.const)
 
 
 def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None):

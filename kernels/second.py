@@ -20,7 +20,19 @@ The merge marks a handed-over row in its own outputs (token -2, or Z_f -1 with W
 writes its plan (M, Me, lmin) to rf; the launcher runs both launches only when a row of the call
 can have min-p without top-k / top-p.
 
-Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches are (B, C).
+The screened draw (twentieth session; common.py, "the draw's screen"). The winner's score is
+Gumbel with location ln W_kept, and the merge knows a W <= W_kept: Z for a pure row (all of it
+is kept), for min-p the blocks' partials' bound (merge._kept_mass_bound: a block whose largest
+unstored x reaches the cut keeps its ncand candidates, each >= it). It stores S = ln W - 3 in
+the plan; with SCREEN (the launcher's choice, as the band gather's: more programs than SMs) a
+block computes its tokens' noise (two logs a token) only where a kept token passes the screen,
+and the finish checks the winner against S: below it, the finish program re-draws the row
+unscreened (_finish_row: one pass over the row; probability <= 1.9e-9), so every answer is the
+unscreened one whatever the noise. Flat min-p rows score ~35-55% of their 1024-token blocks
+(the bound is loose by the candidates' share of the kept set).
+
+Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches are (B, C)
+(+ 1 in the finish, one program, for a row re-drawn there).
 
 Who reads what (_row_share): where only n < B rows take a gather (rows handed over here, band
 rows in kernels/band.py), they share all B C programs of its grid, P // n a row in row order,
@@ -35,12 +47,14 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW
-from .common import _better, _gumbel, _param, _penalised_tile, _row_key, _row_scale
+from .common import (_better, _gumbel_of, _param, _penalised_tile, _row_key, _row_scale,
+                     _screen_scale, _screened, _uniform)
 
-# row plan the merge writes for every row (float32 [B, 4]; the hand-over itself is flagged in
-# the merge's outputs: token -2, or Z_f -1 for the distribution); block partials the gather
+# row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, HI, and S, the
+# draw's screen bound, common.py; the hand-over itself is flagged in the merge's outputs: token
+# -2, or Z_f -1 for the distribution); block partials the gather
 # writes (float32 [B, 3, NT], int32 [B, 1, NT])
-R_M, R_ME, R_HI, R_LO = (tl.constexpr(i) for i in range(4))
+R_M, R_ME, R_HI, R_S = (tl.constexpr(i) for i in range(4))
 NR = tl.constexpr(4)
 HANDED = tl.constexpr(-2)
 Q_ZF, Q_S, Q_X = (tl.constexpr(i) for i in range(3))
@@ -176,20 +190,31 @@ def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
 
 @triton.jit
 def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI,
-                  minp,
-                  la, beta, me, k0, k1, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                  minp, la, beta, me, k0, k1, ks, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                   HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, CD: tl.constexpr):
-    """Block t's draw partial over its kept tokens (module docstring)."""
+                  HAS_BIAS: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr):
+    """Block t's draw partial over its kept tokens (module docstring); with SCREEN the draw
+    over those that can reach the merge's bound S only (common._screened; none: -inf, lane 0,
+    -inf), which the finish checks."""
     offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
     e = tl.exp(x - M)
     kept = inb & (x >= HI) & (x > float("-inf")) & (e >= minp)
-    score = tl.where(kept, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-    # the winner, its lane and its x in one reduction (the draw's rule; lane 0 if none is kept)
-    s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
+    u = _uniform(k0, k1, offs)
+    cand = _screened(kept, u, e, ks, SCREEN)
+    s_b = tl.full([], float("-inf"), tl.float32)
+    i_b = tl.zeros([], tl.int32)
+    x_b = tl.full([], float("-inf"), tl.float32)
+    scores = True
+    if SCREEN:
+        scores = tl.max(cand.to(tl.int32), axis=0) > 0
+    if scores:
+        score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
+        # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
+        # if none is kept)
+        s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     tl.store(qf + Q_ZF * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
     tl.store(qf + Q_S * NT + t, s_b)
     tl.store(qf + Q_X * NT + t, x_b)
@@ -210,12 +235,13 @@ def _gather_kernel(
     HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
-    S_ZF: tl.constexpr, NS: tl.constexpr,
+    S_ZF: tl.constexpr, NS: tl.constexpr, SCREEN: tl.constexpr = False,
 ):
     """Grid (B, C); the rows the merge handed over share its programs (_row_share). Each reads
     its blocks once (V * s bytes per row in all, + V * s_a with CD, + its history edits) and
     writes 4 words per block; every program reads the merge's count and its row's flag (token,
-    or Z_f), and the B flags where only some rows were handed over."""
+    or Z_f), and the B flags where only some rows were handed over. With SCREEN (the
+    launcher's choice, as the band gather's) the draw is screened against the merge's S."""
     ok, row, t0, t1 = _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC,
                                  BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED, S_ZF, NS)
     if ok:
@@ -224,7 +250,8 @@ def _gather_kernel(
                         freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
                         rf_ptr, qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
                         TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
-                        HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD)
+                        HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD,
+                        SCREEN and not WRITE_PROBS)
 
 
 @triton.jit
@@ -240,11 +267,12 @@ def _gather_program(
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
-    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr,
 ):
     """Blocks [t0, t1) of a handed-over row (its share, _row_share) in _gather_kernel; also run
     by kernels/band.py's gather when a launch has both hand-overs (one launch for both second
-    reads, sampling._launch_band)."""
+    reads, sampling._launch_band), and by the finishes over a whole row, unscreened, where the
+    screened winner fell below S (_finish_row)."""
     if t0 < t1:
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
@@ -257,6 +285,9 @@ def _gather_program(
         M = tl.load(rf_ptr + row * NR + R_M)
         me = tl.load(rf_ptr + row * NR + R_ME)
         HI = tl.load(rf_ptr + row * NR + R_HI)
+        ks = float("inf")
+        if SCREEN:
+            ks = _screen_scale(tl.load(rf_ptr + row * NR + R_S))
         k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
         lrow = logits_ptr + row * stride_lb
         arow = am_ptr + row * stride_ab
@@ -267,37 +298,56 @@ def _gather_program(
         qi = qi_ptr + row * NQI * NT
         for t in range(t0, t1):
             _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
-                          HI, minp, la, beta, me, k0, k1, TILE, E_BLOCK, HAS_REP, HAS_PF,
-                          HAS_MASK, HAS_BIAS, CD)
+                          HI, minp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                          HAS_MASK, HAS_BIAS, CD, SCREEN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lb", "stride_ab", "seed_s", "off_s"])
 def _finish_kernel(
-    NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr,
+    logits_ptr, stride_lb, V, NT,
+    edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s,
+    rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
     S_TAU: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr,
     WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr, STATE: tl.constexpr,
 ):
     """Grid (B,). For a handed-over row: reads its 4 words per block (no logits) and writes the
     token and logprob, or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel (with STATE
-    both: the merge's row state made whole for kernels/topn.py)."""
+    both: the merge's row state made whole for kernels/topn.py). A winner below the screen's
+    bound S re-draws the row here, unscreened (_finish_row: the gather's arguments are for
+    that; probability <= 1.9e-9 a row)."""
     row = tl.program_id(0).to(tl.int64)
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
         tt = tl.arange(0, NT_P2)
         tin = tt < NT
         qf = qf_ptr + row * NQ * NT
-        M = tl.load(rf_ptr + row * NR + R_M)
         z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
         if WRITE_PROBS or STATE:
             tl.store(sf_ptr + row * NS + S_ZF, z_f)
             tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
         if not WRITE_PROBS:
-            _finish_draw(row, NT, tt, tin, qf, qi_ptr + row * NQI * NT, M, z_f, tok_ptr,
-                         logp_ptr)
+            _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                        rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, am_ptr, stride_ab, la_ptr,
+                        la_s, beta_ptr, beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
+                        OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                        LA_T, BETA_T, CD, NT_P2)
 
 
 @triton.jit
-def _finish_draw(row, NT, tt, tin, qf, qi, M, z_f, tok_ptr, logp_ptr):
-    """The row's token (the best block score, the lowest id on ties) and its logprob."""
+def _finish_best(NT, qf, qi, NT_P2: tl.constexpr):
+    """The row's winner from its block partials: (best score, its token: the lowest id on
+    ties, its x)."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
     s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
     id_t = tl.load(qi + Q_ID * NT + tt, mask=tin, other=0)
     best = tl.max(s_t, axis=0)
@@ -305,17 +355,64 @@ def _finish_draw(row, NT, tt, tin, qf, qi, M, z_f, tok_ptr, logp_ptr):
     bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bid),
                          tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf")),
                          float("-inf")), axis=0)
-    tl.store(tok_ptr + row, bid.to(tl.int64))
-    tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))
+    return best, bid, bx
 
 
 @triton.jit
-def _finish_sampled(row, NT, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, NT_P2: tl.constexpr):
-    """_finish_kernel's work for one handed-over row of a sampling call (no distribution, no
-    row state), for kernels/band.py's finish: one launch finishes both hand-overs."""
-    tt = tl.arange(0, NT_P2)
-    tin = tt < NT
+def _finish_row(
+    row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NT_P2: tl.constexpr,
+):
+    """A handed-over row's token and logprob (z_f: its kept mass, summed in block order). Every
+    kept token the gather's screen skipped scores below the merge's S, so a winner >= S is the
+    unscreened draw's; below S, this program rewrites the row's partials unscreened (a pass
+    over the row) and takes their winner: the same answer for any noise."""
     qf = qf_ptr + row * NQ * NT
-    z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
-    _finish_draw(row, NT, tt, tin, qf, qi_ptr + row * NQI * NT, tl.load(rf_ptr + row * NR + R_M),
-                 z_f, tok_ptr, logp_ptr)
+    qi = qi_ptr + row * NQI * NT
+    best, bid, bx = _finish_best(NT, qf, qi, NT_P2)
+    if best < tl.load(rf_ptr + row * NR + R_S):
+        # make sure the blocks' loads above are done before their words are rewritten
+        tl.debug_barrier()
+        _gather_program(row, 0, NT, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                        rf_ptr, qf_ptr, qi_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+                        TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
+                        HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD, False)
+        # the rewritten words were stored by other threads of this program
+        tl.debug_barrier()
+        best, bid, bx = _finish_best(NT, qf, qi, NT_P2)
+    tl.store(tok_ptr + row, bid.to(tl.int64))
+    tl.store(logp_ptr + row, (bx - tl.load(rf_ptr + row * NR + R_M)) - tl.log(z_f))
+
+
+@triton.jit
+def _finish_sampled(
+    row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
+):
+    """_finish_kernel's work for one handed-over row of a sampling call (no distribution, no
+    row state, no contrastive decoding), for kernels/band.py's finish: one launch finishes
+    both hand-overs."""
+    tt = tl.arange(0, NT_P2)
+    z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT, other=0.0),
+                 axis=0)
+    _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+                stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
+                minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr,
+                tok_ptr, logp_ptr, logits_ptr, 0, logits_ptr, 0.0, logits_ptr, 0.0, TEMP_T, REP_T,
+                PRES_T, FREQ_T,
+                MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE,
+                E_BLOCK, False, False, False, NT_P2)

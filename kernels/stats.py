@@ -45,7 +45,7 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots,
+from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots_max,
                      _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
                      _row_scale)
 from .second import NSHARE
@@ -261,10 +261,10 @@ def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.conste
     jsel = tl.where(nfin <= KT, NWIN - 1, jsel)
     nkeep = tl.where(nfin <= KT, nfin, nkeep)
     keep = hmask & (k <= jsel)
-    pos = _kept_slots(keep, TILE, R)
+    # the largest value not stored comes out of the slots' own reduction
+    pos, g = _kept_slots_max(keep, tl.where(keep, float("-inf"), v), TILE, R)
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
-    g = tl.max(tl.where(keep, float("-inf"), v), axis=0)
     return nfin, nkeep, g
 
 

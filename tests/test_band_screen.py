@@ -1,9 +1,13 @@
-"""The band gather's screened draw (kernels/band.py _screened_winner, band_plan._screen_bound)
-under the interpreter: a block scores its tokens' Gumbel noise (two logs a token) only when one
-of its kept tokens can reach the row's bound S = ln(p Z) - SCREEN_C; the finish checks the
-winner against S and takes the row pass below it, so the tokens are the twin's for any noise.
+"""The band read's screened draw (kernels/band.py _screened_winner, band_plan._band_screen_bound;
+common.py, "the draw's screen") under the interpreter: a block scores its tokens' Gumbel noise
+(two logs a token) only when one of its kept tokens can reach the row's bound
+S = ln(p Z) - SCREEN_C; the finish checks the winner against S and takes the row pass below it,
+so the tokens are the twin's for any noise. The band finish screens its slices' draw over the
+band list (_band_filter) the same way.
 
 64-token blocks with 8 candidate slots, as tests/test_kernel_band.py."""
+import sys
+
 import pytest
 import torch
 
@@ -27,19 +31,31 @@ def _screen_on(monkeypatch):
 
 
 class ScoredBlocks:
-    """How many gather blocks took the exact draw (calls of band.py's _gumbel_of, one a block
-    whose screen let a lane through)."""
+    """How many gather blocks took the exact draw (n: calls of band.py's _gumbel_of from
+    _screened_winner, one a block whose screen let a lane through); the same for the finish's
+    band-list tiles (tiles_scored, of tiles: its _uniform calls from _band_filter)."""
 
     def __init__(self, monkeypatch):
         band = _modules()[0]
-        inner = band._gumbel_of
-        self.n = 0
+        gumbel_of, uniform = band._gumbel_of, band._uniform
+        self.n = self.tiles = self.tiles_scored = 0
+
+        def caller():
+            return sys._getframe(2).f_code.co_name
 
         def counted(u):
-            self.n += 1
-            return inner(u)
+            if caller() == "_screened_winner":
+                self.n += 1
+            elif caller() == "_band_filter":
+                self.tiles_scored += 1
+            return gumbel_of(u)
+
+        def tile(k0, k1, offs):
+            self.tiles += caller() == "_band_filter"
+            return uniform(k0, k1, offs)
 
         monkeypatch.setattr(band, "_gumbel_of", counted)
+        monkeypatch.setattr(band, "_uniform", tile)
 
 
 def _flat_rows(B, V, g):
@@ -51,7 +67,8 @@ def _flat_rows(B, V, g):
 
 def test_screen_scores_few_blocks_and_keeps_the_twins_tokens(monkeypatch):
     """Eight flat band rows, 65 blocks each: the blocks that score are a small share (~e^3 / p
-    tokens a row can reach S), the reads stay two, every token and logprob is the twin's."""
+    tokens a row can reach S), and so are the finish's band-list tiles; the reads stay two,
+    every token and logprob is the twin's."""
     V = 4099
     x, kw = _flat_rows(8, V, torch.Generator().manual_seed(71))
     reads = KernelReads(x, monkeypatch)
@@ -61,6 +78,8 @@ def test_screen_scores_few_blocks_and_keeps_the_twins_tokens(monkeypatch):
     assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no row fell back
     blocks = 8 * ((V + 63) // 64)
     assert 0 < scored.n < blocks // 3, (scored.n, blocks)
+    # the finish's band-list tiles are screened the same way (128 tiles, 4 scoring here)
+    assert 0 < 4 * scored.tiles_scored < scored.tiles, (scored.tiles_scored, scored.tiles)
     _check(x, kw, tok, lp)
 
 
@@ -81,8 +100,8 @@ def test_winner_below_the_bound_takes_the_row_pass(monkeypatch):
     """SCREEN_C = -200 puts S above every score: no block scores, the finish finds the winner
     below S and runs the row pass (its reads), still the twin's tokens."""
     import triton.language as tl
-    band_plan = _modules()[1]
-    monkeypatch.setattr(band_plan, "SCREEN_C", tl.constexpr(-200.0))
+    from gpu_sampler.kernels import common
+    monkeypatch.setattr(common, "SCREEN_C", tl.constexpr(-200.0))
     _screen_on(monkeypatch)
     V = 2053
     x, kw = _flat_rows(2, V, torch.Generator().manual_seed(73))
