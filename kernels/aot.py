@@ -76,7 +76,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     # band gather runs it only where a variant says so: SECOND=True; its screened draw too)
     if kernel == "band_gather":
         consts.setdefault("SECOND", False)
-    if kernel in ("band_gather", "gather"):
+    if kernel in ("band_gather", "gather", "merge"):
         consts.setdefault("SCREEN", False)
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     # as the launcher: the band read when a row can have top-p without top-k
@@ -192,6 +192,9 @@ VARIANTS = {
                                        maxnreg=64)),
     "merge:topk+topp+rep": ("merge", dict(maxnreg=128)),
     "merge:per-row+minp+pf": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, maxnreg=128)),
+    # with the second read's screen bound (the launcher's choice above SCREEN_PROGRAMS)
+    "merge:per-row+minp+pf screened": ("merge", dict(PER_ROW, HAS_MINP=True, HAS_PF=True,
+                                                     SCREEN=True, maxnreg=128)),
     "merge:plain-bf16": ("merge", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
                                        logits_dtype="bf16", maxnreg=128)),
     "merge:distribution": ("merge", dict(WRITE_PROBS=True, HAS_MINP=True, maxnreg=128)),

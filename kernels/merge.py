@@ -417,7 +417,7 @@ def _merge_kernel(
     PURE_OK: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, NWIN: tl.constexpr,
     D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr = False,
-    HDIRECT: tl.constexpr = False,
+    HDIRECT: tl.constexpr = False, SCREEN: tl.constexpr = False,
 ):
     """Reads 8 words per block, the candidates once per search round plus once for the draw
     (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
@@ -746,12 +746,17 @@ def _merge_kernel(
             tl.store(rf_ptr + row * 4, M)
             tl.store(rf_ptr + row * 4 + 1, Me)
             tl.store(rf_ptr + row * 4 + 2, lmin)
-            # the draw's screen bound (common.py): the kept mass is all of Z without min-p
-            wk = Z
-            if HAS_MINP:
-                wk = tl.where(minp > 0.0, _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M,
-                                                           minp), Z)
-            tl.store(rf_ptr + row * 4 + 3, _screen_bound(wk))
+            # the draw's screen bound (common.py) where the gather screens (SCREEN: the
+            # launcher's choice), -inf where every kept token is scored: the kept mass is all
+            # of Z without min-p
+            s_lb = tl.full([], float("-inf"), tl.float32)
+            if SCREEN:
+                wk = Z
+                if HAS_MINP:
+                    wk = tl.where(minp > 0.0, _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t,
+                                                               M, minp), Z)
+                s_lb = _screen_bound(wk)
+            tl.store(rf_ptr + row * 4 + 3, s_lb)
             fallback = fallback & (~fallback)
             bidx = bidx * 0 - 2
             z_f = z_f * 0.0 - 1.0

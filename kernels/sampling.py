@@ -68,7 +68,8 @@ STATS_SLOTS_TOPN = 4 * SMS
 # with presence / frequency penalties 88 (80 spilled 4 bytes), 5 per SM.
 GATHER_REGS_WIDE = 80
 GATHER_SLOTS_WIDE = 6 * SMS
-# The band gather screens its draw (kernels/band.py _screened_winner) above this many programs
+# The gathers screen their draw (kernels/band.py _screened_winner, kernels/second.py
+# _gather_block; the merge stores the second read's bound only then) above this many programs
 # (B C): more than one a SM shares the SMs' issue slots, where skipping ~86% of the blocks'
 # logs pays; at one block a program (B = 1) the slowest program is the launch, and a block
 # that scores takes longer with the screen's test than without (modelled 6.2 against 5.5 us)
@@ -178,7 +179,7 @@ class _Call:
                             # (B <= 6 at V = 128256, 5 with presence / frequency penalties;
                             # from the planned batch)
     fp: int = 16            # band finish programs per row (_band_programs, the planned batch)
-    screen: bool = False    # the band gather screens its draw (more programs than
+    screen: bool = False    # the gathers screen their draw (more programs than
                             # SCREEN_PROGRAMS, the planned batch's)
     greedy: bool = False    # every row greedy (a scalar T = 0), nothing but tokens and their
                             # logprobs asked: stage 1 writes each block's max and first token
@@ -384,7 +385,7 @@ def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_l
         WRITE_PROBS=write_probs, PURE_OK=c.pure_ok, SECOND=c.second, BANDS=c.bands,
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
-        KEEP_LIST=keep_list, num_warps=warps, R=min(g["TILE"], 32 * warps),
+        KEEP_LIST=keep_list, SCREEN=c.screen, num_warps=warps, R=min(g["TILE"], 32 * warps),
         **_regs(MERGE_REGS_STATE if c.top.state or "HDIRECT" in c.const else MERGE_REGS),
         **c.const)
 
