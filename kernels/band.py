@@ -79,7 +79,7 @@ from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _gum
                      _pivot_update, _pivots, _quotient, _row_key, _row_scale, _screen_scale,
                      _screened, _uniform)
 from .merge import _row_pass
-from .second import (BUSY_BAND, BUSY_HANDED, HANDED, _finish_sampled, _gather_program,
+from .second import (BUSY_BAND, BUSY_HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
 from .stats import F_LO, NF
 
@@ -536,16 +536,12 @@ def _band_finish_kernel(
     handed there (token -2; rf, qf, qi: that read's plan and block partials): one launch
     fewer."""
     if SECOND:
-        own = tl.program_id(0).to(tl.int64)
-        if tl.program_id(1) == 0:
-            if tl.load(tok_ptr + own) == HANDED:
-                _finish_sampled(own, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb,
-                                bnd_ptr, x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s,
-                                pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr,
-                                seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr,
-                                logp_ptr, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
-                                HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
-                                NT_P2)
+        _finish_sampled(logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+                        stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
+                        freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr,
+                        qf_ptr, qi_ptr, tok_ptr, logp_ptr, TEMP_T, REP_T, PRES_T, FREQ_T,
+                        MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
+                        TILE, E_BLOCK, NT_P2)
     busy, row, s, fs = _listed_share(tok_ptr, cnt_ptr, FP)
     if busy & (s < fs):
         T, rep, pres, freq, tdiv = _row_scale(

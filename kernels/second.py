@@ -395,6 +395,30 @@ def _finish_row(
 
 @triton.jit
 def _finish_sampled(
+    logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
+):
+    """_finish_kernel's work in kernels/band.py's finish (one launch finishes both hand-overs):
+    program (row, 0) finishes its row if the merge handed it over, in a sampling call (no
+    distribution, no row state, no contrastive decoding)."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        if tl.load(tok_ptr + row) == HANDED:
+            _finish_handed(row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                           x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                           freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                           rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, TEMP_T, REP_T, PRES_T,
+                           FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK,
+                           HAS_BIAS, TILE, E_BLOCK, NT_P2)
+
+
+@triton.jit
+def _finish_handed(
     row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr,
@@ -403,9 +427,7 @@ def _finish_sampled(
     HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
 ):
-    """_finish_kernel's work for one handed-over row of a sampling call (no distribution, no
-    row state, no contrastive decoding), for kernels/band.py's finish: one launch finishes
-    both hand-overs."""
+    """_finish_sampled's row: its kept mass (block order) and _finish_row."""
     tt = tl.arange(0, NT_P2)
     z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT, other=0.0),
                  axis=0)
