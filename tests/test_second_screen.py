@@ -49,17 +49,17 @@ def _min_p_rows(B, V, seed):
 
 
 def test_screen_scores_few_blocks_and_keeps_the_twins_tokens(monkeypatch):
-    """Three flat min-p rows of 313 blocks: a small share of the second read's blocks score
+    """Two flat min-p rows of 313 blocks: a small share of the second read's blocks score
     (~e^3 W_kept / W tokens a row can reach S; unscreened, every block of a row handed over
     does), the finish reads no logits (no row re-drawn), the tokens and logprobs are the
     unscreened run's, bit for bit, and the twin's."""
     V = 20011
-    x, kw = _min_p_rows(3, V, 81)
+    x, kw = _min_p_rows(2, V, 81)
     scored = ScoredBlocks(monkeypatch)
     _screen(monkeypatch, False)
     tok0, lp0 = _run(x, **GEOM, **kw)
     blocks = scored.n
-    assert blocks == 3 * ((V + 63) // 64), blocks  # every row handed over
+    assert blocks == 2 * ((V + 63) // 64), blocks  # every row handed over
     _screen(monkeypatch, True)
     reads = KernelReads(x, monkeypatch)
     tok, lp = _run(x, **GEOM, **kw)
