@@ -409,32 +409,13 @@ def _finish_sampled(
     row = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
         if tl.load(tok_ptr + row) == HANDED:
-            _finish_handed(row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
-                           x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
-                           freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-                           rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, TEMP_T, REP_T, PRES_T,
-                           FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK,
-                           HAS_BIAS, TILE, E_BLOCK, NT_P2)
-
-
-@triton.jit
-def _finish_handed(
-    row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
-    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
-    seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr,
-    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
-    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
-):
-    """_finish_sampled's row: its kept mass (block order) and _finish_row."""
-    tt = tl.arange(0, NT_P2)
-    z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT, other=0.0),
-                 axis=0)
-    _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
-                stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s,
-                minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr,
-                tok_ptr, logp_ptr, logits_ptr, 0, logits_ptr, 0.0, logits_ptr, 0.0, TEMP_T, REP_T,
-                PRES_T, FREQ_T,
-                MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE,
-                E_BLOCK, False, False, False, NT_P2)
+            tt = tl.arange(0, NT_P2)
+            z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT,
+                                 other=0.0), axis=0)
+            _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                        rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, logits_ptr, 0, logits_ptr,
+                        0.0, logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
+                        OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                        False, False, False, NT_P2)
