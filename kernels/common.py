@@ -462,7 +462,9 @@ def _band_bin(xp, F, s):
     estimate's grid: every kernel that bins a token uses this same arithmetic on the same xp
     and the F that stage 1 stored, so a token lands in the same bin in all of them."""
     y = tl.maximum(xp * s, F - (NBIN - 1))
-    return F.to(tl.int32) - tl.floor(y).to(tl.int32)
+    # past 2^24 F - 127 rounds (to F - 128 at 2^25, |x| >= 2^21 after the temperature): the
+    # minimum keeps j < NBIN there, where stage 1's histogram would drop the token
+    return tl.minimum(F.to(tl.int32) - tl.floor(y).to(tl.int32), NBIN - 1)
 
 
 @triton.jit

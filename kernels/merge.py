@@ -77,6 +77,13 @@ def _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, minp, KT: tl.constexpr,
 
 
 @triton.jit
+def _cand_mass_bound(m_t, ncand_t, M):
+    """An upper bound of the candidates' mass (sum of e^(x - M)): block t's ncand_t candidates
+    are each at most its max m_t; 2^-8 over, for the roundings of both sums."""
+    return tl.sum(ncand_t.to(tl.float32) * tl.exp(m_t - M), axis=0) * (1.0 + 2.0 ** -8)
+
+
+@triton.jit
 def _slot_load(cand_ptr, row, NT, b0, ncand_t, KT: tl.constexpr, CB: tl.constexpr,
                NT_P2: tl.constexpr):
     """_slot_block's load alone: (candidate mask, packed slots). A loop issues the next
@@ -601,7 +608,13 @@ def _merge_kernel(
         m_sorted = tl.sort(m_t, descending=True)
         LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
         use_lbk = k_act & (k <= NT)
-        if (k_act | p_act) & (~use_lbk):
+        # Top-p alone whose candidates cannot hold p Z by their blocks' maxima needs no
+        # histogram: with hist empty, LB = -inf and ub = 0 below, no list, the band read or the
+        # row pass takes the row, as the histogram's tighter bound would send it (flat rows)
+        few = p_act & (~k_act) & (G > float("-inf"))
+        if few:
+            few = _cand_mass_bound(m_t, ncand_t, M) < p * Z
+        if (k_act | p_act) & (~use_lbk) & (~few):
             ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
             for b0 in range(CB, NT * KT + CB, CB):
                 ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
