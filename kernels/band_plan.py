@@ -152,7 +152,7 @@ def _band_offsets(hrow, frow, orow, NT, fmax, ja, jc, OB: tl.constexpr):
 
 # chunks of blocks per step: the row counts (TB x JW loads) and the offsets (OB x GW loads)
 TB = tl.constexpr(16)
-OB = tl.constexpr(64)
+OB = tl.constexpr(128)
 GROW = tl.constexpr(16)
 
 

@@ -614,30 +614,33 @@ def _merge_kernel(
         few = p_act & (~k_act) & (G > float("-inf"))
         if few:
             few = _cand_mass_bound(m_t, ncand_t, M) < p * Z
-        if (k_act | p_act) & (~use_lbk) & (~few):
-            ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
-            for b0 in range(CB, NT * KT + CB, CB):
-                ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
-                d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
-                hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
-                ok, v = ok_n, v_n
-        LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
-        LB = tl.where(use_lbk, LBk, LB)
-        if HAS_MINP:
-            # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
-            # (the draw tests e^(x - M) >= min_p itself), and few dirty blocks are re-read
-            # here rather than the row handed to the second read. The slack exceeds the
-            # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
-            mlb = (M + tl.log(minp)) - (0.0625 + tl.abs(M) * 1e-6)
-            LB = tl.where((~k_act) & (~p_act) & (minp > 0.0), mlb, LB)
-        # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a bin-i
-        # candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
-        # compaction (a third of this program on flat rows; the band read takes the row)
-        listed = NT * 0 + 1
-        if p_act & (~k_act) & (G > float("-inf")):
-            ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
-            ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
-            listed = tl.where(ub < p * Z, 0, listed)
+        LB = tl.full([], float("-inf"), tl.float32)
+        listed = NT * 0
+        if ~few:
+            if (k_act | p_act) & (~use_lbk):
+                ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
+                for b0 in range(CB, NT * KT + CB, CB):
+                    ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
+                    d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
+                    hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
+                    ok, v = ok_n, v_n
+            LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
+            LB = tl.where(use_lbk, LBk, LB)
+            if HAS_MINP:
+                # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
+                # (the draw tests e^(x - M) >= min_p itself), and few dirty blocks are re-read
+                # here rather than the row handed to the second read. The slack exceeds the
+                # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
+                mlb = (M + tl.log(minp)) - (0.0625 + tl.abs(M) * 1e-6)
+                LB = tl.where((~k_act) & (~p_act) & (minp > 0.0), mlb, LB)
+            # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a
+            # bin-i candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
+            # compaction (a third of this program on flat rows; the band read takes the row)
+            listed = NT * 0 + 1
+            if p_act & (~k_act) & (G > float("-inf")):
+                ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
+                ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
+                listed = tl.where(ub < p * Z, 0, listed)
         # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
         # candidates (a block whose window overflowed, e.g. one dominant token and a long
         # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
@@ -645,13 +648,15 @@ def _merge_kernel(
         # holds *every* token >= LB of the row, so a threshold >= LB found on it is exact with
         # G replaced by the largest g of the clean blocks (< LB). Costs ndirty / NT of a pass;
         # v2 re-read the whole row, once per search round.
-        g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
-        lbv = tl.zeros([NT_P2], tl.float32) + LB
-        dirty = tin & (g_t >= lbv) & (lbv > float("-inf"))
-        ndirty = tl.sum(dirty.to(tl.int32), axis=0)
-        redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
-        ncand_t = tl.where(redo & dirty, 0, ncand_t)
-        G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
+        dirty = tt < 0
+        redo = NT < 0
+        if LB > float("-inf"):
+            g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
+            dirty = tin & (g_t >= LB)
+            ndirty = tl.sum(dirty.to(tl.int32), axis=0)
+            redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
+            ncand_t = tl.where(redo & dirty, 0, ncand_t)
+            G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
         complete = G == float("-inf")
         if (~k_act) & (~p_act):
             # min-p alone is exact only where every kept token is a candidate (G's token is
