@@ -70,19 +70,25 @@ def test_screen_scores_few_blocks_and_keeps_the_twins_tokens(monkeypatch):
     _check(x, kw, tok, lp)
 
 
-def test_winner_below_the_bound_redraws_the_row(monkeypatch):
-    """SCREEN_C = -200 puts S above every score: no block scores, the finish finds no winner
-    above S and re-draws each row unscreened (a read of its logits): the unscreened tokens."""
+def _unscreened_then_bound_above_all(monkeypatch, x, kw):
+    """(unscreened tokens, logprobs), then the screened run's and its logit reads with
+    SCREEN_C = -200, which puts S above every score: no block scores."""
     import triton.language as tl
     from gpu_sampler.kernels import common
-    V = 2053
-    x, kw = _min_p_rows(3, V, 82)
     _screen(monkeypatch, False)
     tok0, lp0 = _run(x, **GEOM, **kw)
     monkeypatch.setattr(common, "SCREEN_C", tl.constexpr(-200.0))
     _screen(monkeypatch, True)
     reads = KernelReads(x, monkeypatch)
     tok, lp = _run(x, **GEOM, **kw)
+    return tok0, lp0, tok, lp, reads
+
+
+def test_winner_below_the_bound_redraws_the_row(monkeypatch):
+    """With S above every score the finish finds no winner above S and re-draws each row
+    unscreened (a read of its logits): the unscreened tokens."""
+    x, kw = _min_p_rows(3, 2053, 82)
+    tok0, lp0, tok, lp, reads = _unscreened_then_bound_above_all(monkeypatch, x, kw)
     assert reads.bytes["_finish_kernel"] == x.numel() * 4
     assert torch.equal(tok, tok0) and torch.equal(lp, lp0)
 
@@ -90,19 +96,12 @@ def test_winner_below_the_bound_redraws_the_row(monkeypatch):
 def test_band_finish_redraws_a_second_read_row(monkeypatch):
     """A batch with band rows (top-p 0.95) and min-p rows: the band finish finishes the second
     read's rows too; with S above every score it re-draws them there, the unscreened tokens."""
-    import triton.language as tl
-    from gpu_sampler.kernels import common
     V = 2053
     x = torch.randn(4, V, generator=torch.Generator().manual_seed(83))
     kw = dict(temperature=1.0, top_p=torch.tensor([0.95, 1.0, 0.95, 1.0]),
               min_p=torch.tensor([0.0, 0.05, 0.0, 0.1]), seed=torch.arange(4) + 9,
               offset=torch.arange(4))
-    _screen(monkeypatch, False)
-    tok0, lp0 = _run(x, **GEOM, **kw)
-    monkeypatch.setattr(common, "SCREEN_C", tl.constexpr(-200.0))
-    _screen(monkeypatch, True)
-    reads = KernelReads(x, monkeypatch)
-    tok, lp = _run(x, **GEOM, **kw)
+    tok0, lp0, tok, lp, reads = _unscreened_then_bound_above_all(monkeypatch, x, kw)
     assert "_finish_kernel" not in reads.grids  # the band finish finished both hand-overs
     assert reads.bytes["_band_finish_kernel"] >= 2 * V * 4  # the two min-p rows re-drawn
     assert torch.equal(tok, tok0) and torch.equal(lp, lp0)
