@@ -98,7 +98,8 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     npos = tl.zeros([], tl.int32)
     nnan = tl.zeros([], tl.int32)
     v = xp
-    redo = (z != z) | (m == float("inf")) | (lo == float("-inf")) | (tl.abs(m) >= X_EXACT)
+    # (|m| >= X_EXACT also holds an overflowed m = +inf; z > 0 leaves out all -inf blocks)
+    redo = (z != z) | ((tl.abs(m) >= X_EXACT) & (z > 0.0)) | (lo == float("-inf"))
     if redo:
         x = xp / tdiv
         fin = tl.abs(x) < float("inf")
