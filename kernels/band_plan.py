@@ -10,7 +10,7 @@ Z - W_est(J >= E) >= p Z (one reverse cumsum), Jb = E - 1; the band [Jb - a, Jb 
 (a + c <= GROW) of <= CAP tokens with the largest min(a, c), then a + c, all pairs at once
 from the prefix counts; per-block offsets = the exclusive cumsum of the blocks' band counts.
 The band fails (the row pass, in the band finish) when Jb alone holds more than CAP tokens or
-Fmax is not finite.
+|Fmax| is not below F_BAND_MAX (2^23: not finite, or bins no longer exact).
 
 Reads 2 NT NBIN bytes of counts twice and 4 NT bytes of F_t (from L2); writes 4 floats and 5
 ints per row, 4 bytes per block, and resets the row's bucket table (8 KB). (A launch of its own
@@ -30,6 +30,10 @@ B_M, B_Z, B_FMAX, B_SLB = (tl.constexpr(i) for i in range(4))
 NBF = tl.constexpr(4)
 I_OK, I_JA, I_JC, I_N, I_TICK = (tl.constexpr(i) for i in range(5))
 NBI = tl.constexpr(5)
+# the largest |Fmax| the plan takes (|x| < 2^20 after the temperature): below 2^24 every bin
+# is exact (common._band_bin), and a block whose F is past 2^24 lies > 2^20 units below Fmax,
+# shifted out of the window (SHIFT_MAX); NaN and inf fail too. Such a row takes the row pass.
+F_BAND_MAX = tl.constexpr(8388608.0)
 # the plan's window of row bins: J < JW, 32 units of x below the row's top bin (a bin past it
 # is estimated at most V e^-32 of Z: never the boundary for V < 2^22 at any fp32 p < 1)
 JW = tl.constexpr(256)
@@ -167,7 +171,7 @@ def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, minp,
     cnt = _row_counts(hrow, frow, NT, fmax, TB)
     jb = _boundary_bin(cnt, fmax, M, Z, p)
     ja, jc, _n, ok = _choose_band(cnt, jb, CAP, GROW)
-    ok = ok & (fmax < float("inf")) & (fmax > float("-inf"))
+    ok = ok & (tl.abs(fmax) < F_BAND_MAX)
     n = _band_offsets(hrow, frow, orow, NT, fmax, ja, jc, OB)
     tl.store(bfrow + B_M, M)
     tl.store(bfrow + B_Z, Z)

@@ -460,11 +460,11 @@ def _band_bin(xp, F, s):
     integers (floor is monotone; F - 127 is an integer): one float-to-int conversion, no
     float subtract and select. Non-finite xp get some bin (every caller masks them out). An
     estimate's grid: every kernel that bins a token uses this same arithmetic on the same xp
-    and the F that stage 1 stored, so a token lands in the same bin in all of them."""
+    and the F that stage 1 stored, so a token lands in the same bin in all of them. Exact while
+    |F| < 2^24: past it F - 127 rounds (to F - 128 at 2^25), a bin 128 that stage 1's histogram
+    drops, so the plan refuses rows whose top bin reaches F_BAND_MAX (band_plan.py)."""
     y = tl.maximum(xp * s, F - (NBIN - 1))
-    # past 2^24 F - 127 rounds (to F - 128 at 2^25, |x| >= 2^21 after the temperature): the
-    # minimum keeps j < NBIN there, where stage 1's histogram would drop the token
-    return tl.minimum(F.to(tl.int32) - tl.floor(y).to(tl.int32), NBIN - 1)
+    return F.to(tl.int32) - tl.floor(y).to(tl.int32)
 
 
 @triton.jit

@@ -2,14 +2,16 @@
 (ulp(x) up to 0.25) is no longer small: Z must be the mass of the rounded x, as the thresholds
 sum it. Stage 1 took z's exponent on xp ((xp - vm) log2(e) / T, unrounded) and the twin took
 Z = e^(logsumexp(x) - M), rounded at ulp(M); both moved top-p's cut by whole tie groups
-(logprobs off by up to 0.08 at |x| ~ 3e6). Flat rows, top-p 0.95 (the band read at this
-geometry): the kernel's tokens are the twin's, and both logprobs are the float64 answer's."""
+(logprobs off by up to 0.08 at |x| ~ 3e6). Flat rows, top-p 0.95: the band read at
+|x| ~ 1e4, the row pass at 3e6 (past band_plan.F_BAND_MAX, where the band bins stop being
+exact); the kernel's tokens are the twin's, both logprobs the float64 answer's."""
 import pytest
 import torch
 
 from conftest import BACKENDS, DEVICE
 from test_kernel_band import GEOM, _check
 from test_kernel_v2 import _run, _twin_tokens
+from test_kernel_v3 import KernelReads
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
                                 reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
@@ -29,11 +31,14 @@ def _exact_logprobs(x, T, p, tok):
 
 
 @pytest.mark.parametrize("T,base", [(1e-6, 3.0), (1e-4, 1.0)])
-def test_tiny_temperature_top_p_matches_the_exact_masses(T, base):
+def test_tiny_temperature_top_p_matches_the_exact_masses(T, base, monkeypatch):
     g = torch.Generator().manual_seed(5)
     x = base + T * torch.randn(2, 2053, generator=g)  # x ~ base / T + N(0, 1): a flat row
     kw = dict(temperature=T, top_p=0.95, seed=torch.tensor([7, 8]), offset=torch.tensor([0, 1]))
+    reads = KernelReads(x, monkeypatch)
     tok, lp = _run(x, **GEOM, **kw)
+    banded = reads.bytes.get("_band_gather_kernel", 0) == x.numel() * 4
+    assert banded == (base / T < 2.0 ** 20), reads.bytes
     _check(x, kw, tok, lp)
     want = _exact_logprobs(x, T, 0.95, tok)
     torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
