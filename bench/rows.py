@@ -1,5 +1,6 @@
 """Row kinds and the mixed serving batch of bench/workloads.py, without its interpreter setup
 (bench/model_call.py imports them inside gpu_model.py's probe)."""
+import numpy as np
 import torch
 
 KINDS = ("sigma3", "confident", "flat", "powerlaw")
@@ -21,8 +22,12 @@ def row_logits(kind, rows, V, seed=0):
     if kind == "powerlaw":
         out = torch.empty(rows, V)
         for r in range(rows):
-            rank = torch.randperm(V, generator=g).to(torch.float32) + 1
-            out[r] = -1.1 * torch.log(rank) + 0.1 * torch.randn(V, generator=g)
+            rank = torch.randperm(V, generator=g).to(torch.float64) + 1
+            # the log in numpy float64 (then rounded): torch's float32 log on this CPU gave
+            # other bits in ~1 process of 12 (twenty-first session), so two runs of a
+            # comparison (bench/same_bits.py) could see different rows
+            lg = torch.from_numpy(np.log(rank.numpy())).to(torch.float32)
+            out[r] = -1.1 * lg + 0.1 * torch.randn(V, generator=g)
         return out
     raise ValueError(kind)
 
