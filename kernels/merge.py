@@ -609,8 +609,8 @@ def _merge_kernel(
         LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
         use_lbk = k_act & (k <= NT)
         # Top-p alone whose candidates cannot hold p Z by their blocks' maxima needs no
-        # histogram: with hist empty, LB = -inf and ub = 0 below, no list, the band read or the
-        # row pass takes the row, as the histogram's tighter bound would send it (flat rows)
+        # histogram, prune bound or list (LB = -inf, listed = 0): the band read or the row
+        # pass takes the row, as the histogram's tighter bound would send it (flat rows)
         few = p_act & (~k_act) & (G > float("-inf"))
         if few:
             few = _cand_mass_bound(m_t, ncand_t, M) < p * Z
