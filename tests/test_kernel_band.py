@@ -278,3 +278,25 @@ def test_band_per_row_mix_min_p_and_sub_batches(monkeypatch):
     r = torch.tensor([4, 2, 0])  # another batch composition and order
     tok_s, lp_s = _run(x[r], **GEOM, **{k: v[r] for k, v in kw.items()})
     assert torch.equal(tok_s, tok[r]) and torch.equal(lp_s, lp[r])
+
+
+@pytest.mark.parametrize("p", [0.0, -0.0])
+def test_top_p_zero_keeps_the_top_tie_group(p):
+    """top_p = 0 keeps the top tie group (as any p below the top token's share). A row whose
+    ties fill every block's candidate slots (all equal; 20 tied maxima spread over blocks)
+    left the merge an empty candidate list, which held the target p Z = 0 and gave tau = +inf:
+    token -1, logprob +inf, an all-zero distribution. The twin's tokens, logprob -ln(group)."""
+    V = 640
+    x = torch.zeros(3, V)
+    x[1] = torch.randn(V, generator=torch.Generator().manual_seed(5))
+    x[1, 3::32] = 4.0                                     # 20 tied maxima, 2 a block
+    x[2] = torch.randn(V, generator=torch.Generator().manual_seed(6))
+    kw = dict(temperature=1.0, top_p=p, seed=torch.tensor([1, 2, 3]), offset=0)
+    tok, lp = _run(x, **GEOM, **kw)
+    _check(x, kw, tok, lp)
+    group = (x == x.max(1, keepdim=True).values).sum(1)
+    assert bool((x.gather(1, tok[:, None])[:, 0] == x.max(1).values).all()), tok
+    torch.testing.assert_close(lp, -torch.log(group.float()))
+    probs = _run(x, **GEOM, write_probs=True, temperature=1.0, top_p=p)
+    want = (x == x.max(1, keepdim=True).values).float() / group[:, None]
+    torch.testing.assert_close(probs, want)
