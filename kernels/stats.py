@@ -61,8 +61,10 @@ NI = tl.constexpr(5)
 # roundings between s = fl(x' + G) and fl(fl(x - M) + G), 2^-24 (8 A + 3 |M| + 53) in all
 # (kernels/merge.py, "pure temperature")
 DRAW_SLACK = tl.constexpr(2.0 ** -20)
-# a block whose max |x| (after the temperature) reaches this takes the exact path (_block_stats)
-X_EXACT = tl.constexpr(4096.0)
+# a block whose max |x| (after the temperature) reaches this takes the exact path (_block_stats):
+# below it x's own rounding moves a token's mass by <= ulp(x) / 2 <= 2^-18 (4096 left 2^-13,
+# logprobs off by up to 1e-4 at |x| ~ 4000: T 0.01 on logits ~ 40, the twenty-second session)
+X_EXACT = tl.constexpr(128.0)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -88,8 +90,9 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     # ignores -inf by itself, and z is NaN exactly when the block holds a NaN or a +inf (or is
     # all -inf, mended below), so the common path tests no lane for them. Flagged blocks redo
     # the block exactly on x, and so do blocks whose max |x| reaches X_EXACT: there x's own
-    # rounding (ulp(x) >= 2^-11) no longer vanishes against z's exponent taken on xp, and Z
-    # would drift from the masses of the rounded x that the thresholds sum (T <~ 0.01).
+    # rounding (ulp(x) >= 2^-16) no longer vanishes against z's exponent taken on xp, and Z
+    # would drift from the masses of the rounded x that the thresholds and the logprob sum
+    # (T <~ 0.2 on logits ~ 25).
     vm, lov = tl.reduce((xp, tl.where(xp > float("-inf"), xp, float("inf"))), 0, _maxmin_combine)
     z = tl.sum(tl.math.exp2((xp - vm) * c2), axis=0)
     z = tl.where(vm == float("-inf"), 0.0, z)

@@ -44,3 +44,22 @@ def test_tiny_temperature_top_p_matches_the_exact_masses(T, base, monkeypatch):
     torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
     _, tw_lp = _twin_tokens(x, **kw)
     torch.testing.assert_close(tw_lp.double(), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("base", [40.0, 2.0, 1.2])
+def test_pure_temperature_logprobs_are_the_rounded_x_masses(base):
+    """Pure temperature at T 0.01: x ~ 4000 and ~200 take stage 1's exact path (|x| >= X_EXACT
+    = 128), x ~ 120 its fast one (Z's exponent on xp, within ulp(x) / 2 <= 2^-18 of the
+    rounded x's). At X_EXACT = 4096 the first row's logprob was off the float64 answer by
+    ~1e-4 (the exponent's x, unrounded, against the rounded x the logprob sums)."""
+    T = 0.01
+    g = torch.Generator().manual_seed(6)
+    x = base + T * torch.randn(4, 300, generator=g)  # x ~ base / T + N(0, 1)
+    kw = dict(temperature=T, seed=torch.arange(4) + 3, offset=torch.arange(4))
+    tok, lp = _run(x, **GEOM, **kw)
+    xr = (x / torch.tensor(T, dtype=torch.float32)).double()
+    want = xr.gather(1, tok[:, None])[:, 0] - torch.logsumexp(xr, 1)
+    torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
+    tw_tok, tw_lp = _twin_tokens(x, **kw)
+    assert torch.equal(tok, tw_tok)
+    torch.testing.assert_close(tw_lp.double(), want, atol=1e-5, rtol=0)
