@@ -53,7 +53,7 @@ The screened draw (nineteenth session). The row's winner max over the kept set o
 S = ln(p Z) - 3 (band_plan._band_screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
 score >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u: the gather tests
 1 - u <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
-after the hash (one multiply, one compare) and scores exactly (two logs and the winner's
+after the hash (on its bits: one multiply-add, one compare; common._screened) and scores exactly (two logs and the winner's
 reduction) only in a block where some kept lane passes: ~e^3 / p = 21 tokens a row pass, so ~15%
 of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
 row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
@@ -75,9 +75,9 @@ import triton.language as tl
 from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
 from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _gumbel,
-                     _gumbel_of, _kept_slots, _maxmin_combine, _param, _penalised_tile,
+                     _gumbel_of, _hash24, _kept_slots, _maxmin_combine, _param, _penalised_tile,
                      _pivot_update, _pivots, _quotient, _row_key, _row_scale, _screen_scale,
-                     _screened, _uniform)
+                     _screened, _uniform_of)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -97,14 +97,15 @@ def _bucket(x, fmax, jc):
 
 
 @triton.jit
-def _screened_winner(x, u, cand, M, scores, TILE: tl.constexpr):
-    """The block's best draw (score (x - M) + G, its lane, its x; the draw's rule) over the
-    lanes cand (_screened), or (-inf, 0, -inf) when scores is false (no lane passed)."""
+def _screened_winner(x, a, cand, M, scores, TILE: tl.constexpr):
+    """The block's best draw (score (x - M) + G, its lane, its x; the draw's rule; a the lanes'
+    hash bits) over the lanes cand (_screened), or (-inf, 0, -inf) when scores is false (no
+    lane passed)."""
     s_b = tl.full([], float("-inf"), tl.float32)
     i_b = tl.zeros([], tl.int32)
     x_b = tl.full([], float("-inf"), tl.float32)
     if scores:
-        score = tl.where(cand, (x - M) + _gumbel_of(u), float("-inf"))
+        score = tl.where(cand, (x - M) + _gumbel_of(_uniform_of(a)), float("-inf"))
         # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
@@ -112,17 +113,25 @@ def _screened_winner(x, u, cand, M, scores, TILE: tl.constexpr):
 
 
 @triton.jit
-def _edges_combine(lo1, hi1, n1, lo2, hi2, n2):
-    """(min, max, sum) in one reduction: one cross-warp exchange for the three."""
-    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), n1 + n2
+def _edges_combine(lo1, hi1, n1, w1, lo2, hi2, n2, w2):
+    """(min, max, sum, float sum) in one reduction: one cross-warp exchange for the four. The
+    float sum takes tl.sum's order on the GPU (the same tree for any combine); the
+    interpreter folds it pairwise (kernels/interpreter.py), its own fixed order."""
+    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), n1 + n2, w1 + w2
+
+
+@triton.jit
+def _edges_mass_combine(lo1, hi1, w1, lo2, hi2, w2):
+    """_edges_combine without the count (an unscreened gather)."""
+    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), w1 + w2
 
 
 @triton.jit
 def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
                 rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks, CAP,
-                TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
-                HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                R: tl.constexpr, SCREEN: tl.constexpr):
+                TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_MINP: tl.constexpr,
+                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                HAS_BIAS: tl.constexpr, R: tl.constexpr, SCREEN: tl.constexpr):
     """Block t of a band row (module docstring): its partials, its band tokens appended at
     its offset in block order (rank = the lane's order among the block's band tokens) and
     added into the row's bucket table (integer atomics: the same sums in any order)."""
@@ -135,20 +144,28 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     J = _band_bin(xp, F, BAND_S / tdiv) + _band_shift(fmax, F)
     above = fin & (J < ja)
     band = fin & (J >= ja) & (J <= jc)
-    kept = above & (e >= minp)
-    u = _uniform(k0, k1, offs)
-    cand = _screened(kept, u, e, ks, SCREEN)
-    # min x above, max x below (and the screen's count): exact in any order, one reduction
+    # without min-p the kept lanes are the lanes above (e >= 0 on every finite x): their mass
+    # is one sum, not two (the compiler cannot prove e >= 0)
+    kept = above
+    if HAS_MINP:
+        kept = above & (e >= minp)
+    a = _hash24(k0, k1, offs)
+    cand = _screened(kept, a, e, ks, SCREEN)
+    # min x above, max x below, the screen's count and the mass above: one reduction
     lo = tl.where(above, x, float("inf"))
     hi = tl.where(fin & (J > jc), x, float("-inf"))
+    wl = tl.where(above, e, 0.0)
     if SCREEN:
-        amin, bmax, nc = tl.reduce((lo, hi, cand.to(tl.int32)), 0, _edges_combine)
-        s_b, i_b, x_b = _screened_winner(x, u, cand, M, nc > 0, TILE)
+        amin, bmax, nc, wa = tl.reduce((lo, hi, cand.to(tl.int32), wl), 0, _edges_combine)
+        s_b, i_b, x_b = _screened_winner(x, a, cand, M, nc > 0, TILE)
     else:
-        s_b, i_b, x_b = _screened_winner(x, u, cand, M, True, TILE)
-        bmax, amin = tl.reduce((hi, lo), 0, _maxmin_combine)
-    tl.store(gf + G_WA * NT + t, tl.sum(tl.where(above, e, 0.0), axis=0))
-    tl.store(gf + G_WK * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
+        s_b, i_b, x_b = _screened_winner(x, a, cand, M, True, TILE)
+        amin, bmax, wa = tl.reduce((lo, hi, wl), 0, _edges_mass_combine)
+    wk = wa
+    if HAS_MINP:
+        wk = tl.sum(tl.where(kept, e, 0.0), axis=0)
+    tl.store(gf + G_WA * NT + t, wa)
+    tl.store(gf + G_WK * NT + t, wk)
     tl.store(gf + G_S * NT + t, s_b)
     tl.store(gf + G_X * NT + t, x_b)
     tl.store(gf + G_AMIN * NT + t, amin)
@@ -222,7 +239,8 @@ def _band_gather_kernel(
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
                             tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
                             NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks,
-                            CAP, TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R, SCREEN)
+                            CAP, TILE, E_BLOCK, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R,
+                            SCREEN)
 
 
 @triton.jit
@@ -348,13 +366,13 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
         e = tl.exp(x - M)
         keep = ok & (q > b) & (e >= minp)
         zq += tl.where(keep, (e * FX).to(tl.int64), 0)
-        u = _uniform(k0, k1, ids)
-        cand = _screened(keep, u, e, ks, True)
+        a = _hash24(k0, k1, ids)
+        cand = _screened(keep, a, e, ks, True)
         # the tile's bucket-b count and its screened lanes in one reduction
         nsel, ncand = tl.reduce((sel.to(tl.int32), cand.to(tl.int32)), 0, _add2)
         m += nsel
         if ncand > 0:
-            score = (x - M) + _gumbel_of(u)
+            score = (x - M) + _gumbel_of(_uniform_of(a))
             upd = cand & ((score > sl) | ((score == sl) & (ids < il)))
             sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
     best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))

@@ -78,10 +78,23 @@ def _uniform(k0, k1, offs):
     The same function is written in torch in gpu_sampler/rng.py, so the kernel and the torch twin
     draw the same token for the same (seed, offset).
     """
+    return _uniform_of(_hash24(k0, k1, offs))
+
+
+@triton.jit
+def _hash24(k0, k1, offs):
+    """_uniform's 24 random bits of a token, as a float a in [0, 2^24) (exact): u = (a + 1/2)
+    2^-24. The screen (_screened) tests a itself."""
     h = offs.to(tl.uint32) * 0x9E3779B1
     h = _fmix32(h ^ k0)
     h = _fmix32(h ^ k1)
-    return ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+    return (h >> 8).to(tl.float32)
+
+
+@triton.jit
+def _uniform_of(a):
+    """u = (a + 1/2) 2^-24 from _hash24's bits."""
+    return (a + 0.5) * 5.9604644775390625e-08
 
 
 @triton.jit
@@ -254,13 +267,18 @@ def _screen_scale(s):
 
 
 @triton.jit
-def _screened(kept, u, e, ks, SCREEN: tl.constexpr):
+def _screened(kept, a, e, ks, SCREEN: tl.constexpr):
     """The kept lanes the draw scores: with SCREEN only those that can score >= S. A lane
     scores >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u, so a lane with
     1 - u > e ks scores < S: its noise's two logs are skipped, and the whole block's when every
-    lane is (a uniform branch). With ks = +inf every kept lane with e > 0 is scored."""
+    lane is (a uniform branch). With ks = +inf every kept lane with e > 0 is scored.
+    Tested on the hash bits a (_hash24, u = (a + 1/2) 2^-24): 1 - u <= e ks is
+    a >= 2^24 - 1/2 - e ks 2^24, and the test a >= fl(2^24 - 2 - e ks 2^24) keeps every such
+    lane (its product and difference round by <= 1/2 each below 2^24; a larger product makes
+    it negative): a superset, in one multiply-add and a compare (the form on u took three
+    more instructions a lane, ahead of u itself, which only a scoring block needs)."""
     if SCREEN:
-        return kept & (1.0 - u <= e * ks)
+        return kept & (a >= 16777214.0 - e * (ks * 16777216.0))
     return kept
 
 

@@ -19,6 +19,20 @@ from test_kernel_v3 import KernelReads
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or DEVICE != "cpu",
                                 reason="interpreter tests (TRITON_INTERPRET=1 on CPU)")
 
+if "triton" in BACKENDS and DEVICE == "cpu":
+    import triton
+    import triton.language as tl
+
+    from gpu_sampler.kernels.common import _screened
+
+    @triton.jit
+    def _screen_kernel(a_ptr, e_ptr, ks, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        a = tl.load(a_ptr + i)
+        keep = _screened(a == a, a, tl.load(e_ptr + i), ks, True)
+        tl.store(out_ptr + i, keep.to(tl.int8))
+
+
 def _modules():
     from gpu_sampler.kernels import band, band_plan, sampling
     return band, band_plan, sampling
@@ -33,11 +47,11 @@ def _screen_on(monkeypatch):
 class ScoredBlocks:
     """How many gather blocks took the exact draw (n: calls of band.py's _gumbel_of from
     _screened_winner, one a block whose screen let a lane through); the same for the finish's
-    band-list tiles (tiles_scored, of tiles: its _uniform calls from _band_filter)."""
+    band-list tiles (tiles_scored, of tiles: its _hash24 calls from _band_filter)."""
 
     def __init__(self, monkeypatch):
         band = _modules()[0]
-        gumbel_of, uniform = band._gumbel_of, band._uniform
+        gumbel_of, hash24 = band._gumbel_of, band._hash24
         self.n = self.tiles = self.tiles_scored = 0
 
         def caller():
@@ -52,10 +66,10 @@ class ScoredBlocks:
 
         def tile(k0, k1, offs):
             self.tiles += caller() == "_band_filter"
-            return uniform(k0, k1, offs)
+            return hash24(k0, k1, offs)
 
         monkeypatch.setattr(band, "_gumbel_of", counted)
-        monkeypatch.setattr(band, "_uniform", tile)
+        monkeypatch.setattr(band, "_hash24", tile)
 
 
 def _flat_rows(B, V, g):
@@ -129,3 +143,25 @@ def test_one_program_a_block_scores_every_block(monkeypatch):
     tok_s, lp_s = _run(x, **GEOM, **kw)
     assert scored.n - n0 < n0 // 2
     assert torch.equal(tok_s, tok) and torch.equal(lp_s, lp)
+
+
+def test_screen_on_the_hash_bits_keeps_every_lane_the_exact_test_keeps():
+    """common._screened tests the hash bits a (u = (a + 1/2) 2^-24) against fl(2^24 - 2 -
+    e ks 2^24): every lane with 1 - u <= e ks in exact arithmetic passes (near the edge a on
+    both sides, e ks from 2^-30 to 2^3, ks = +inf), and few others (a superset by <= 2 a)."""
+    import numpy as np
+    g = torch.Generator().manual_seed(75)
+    n = 4096
+    for ks in (1.0, 3.7e-3, 21.3, 5.0e4, float("inf")):
+        t = torch.rand(n, generator=g, dtype=torch.float64) * 33 - 30   # e ks in 2^[-30, 3)
+        e = (2.0 ** t / (ks if ks != float("inf") else 1.0)).float()
+        e[:8] = 0.0
+        w = e.double() * ks  # exact in float64 (24 x 24 bits)
+        edge = torch.floor(2.0 ** 24 - 0.5 - w * 2.0 ** 24).clamp(0, 2 ** 24 - 1)
+        a = (edge + torch.randint(-2, 3, (n,), generator=g)).clamp(0, 2 ** 24 - 1).float()
+        out = torch.zeros(n, dtype=torch.int8)
+        _screen_kernel[(1,)](a, e, ks, out, N=n)
+        exact = 1.0 - (a.double() + 0.5) * 2.0 ** -24 <= w
+        got = out.bool()
+        assert not (exact & ~got).any(), (ks, np.flatnonzero((exact & ~got).numpy())[:5])
+        assert (got & ~exact).sum() <= n // 2
