@@ -37,9 +37,10 @@ NRAW = tl.constexpr(5)
 
 @triton.jit
 def _top_key(v, ids):
-    """One int64 per token, larger = earlier: v's order key, then the lower id."""
+    """One int64 per token, larger = earlier: v's order key, then the lower id. v + 0 makes
+    -0.0 +0.0 (the key orders the bits, -0 < +0): equal logits, the lower id first."""
     low = (0xFFFFFFFF - ids.to(tl.int64))  # in [0, 2^32): the lower id, the larger
-    return (_key(v).to(tl.int64) << 32) | low
+    return (_key(v + 0.0).to(tl.int64) << 32) | low
 
 
 @triton.jit

@@ -154,3 +154,15 @@ def test_raw_top_n_on_the_sampling_candidates(monkeypatch):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     _same(outs[0][2:], reference.twin_top_n_raw(x, 20))
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_signed_zeros_tie_to_the_lower_id(mode):
+    """-0.0 == +0.0: equal logits, the lower id first, as the twin (the order key ordered the
+    bits, -0 before +0 wrongly: ids [1, 0] against the twin's [0, 1])."""
+    from gpu_sampler import sample
+    x = torch.tensor([[-0.0, 0.0, -1.0, -2.0], [-5.0, -0.0, 0.0, -0.0]])
+    got = sample(x, top_logprobs=3, logprobs_mode=mode, seed=1, backend="triton")
+    want = sample(x, top_logprobs=3, logprobs_mode=mode, seed=1, backend="torch")
+    assert got.top_ids.tolist() == [[0, 1, 2], [1, 2, 3]]
+    _same((got.top_ids, got.top_logprobs), (want.top_ids, want.top_logprobs))
