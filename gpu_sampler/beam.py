@@ -42,7 +42,17 @@ def beam_topk_reference(logits, k, *, candidates=None, normalize=True, repetitio
     if seed is not None:
         keys = v + rng.gumbel_rows(seed, offset, torch.arange(V, device=v.device).expand(N, V))
     keys, ids = ordered_topk(keys, k)
-    return (keys if seed is None else v.gather(1, ids)), keys, ids
+    vals = keys if seed is None else v.gather(1, ids)
+    if normalize:
+        # a row holding NaN or +inf has log_softmax NaN throughout: NaN values and keys, ids
+        # 0 .. k - 1 (torch.topk's ids among NaN mean nothing), on both backends
+        bad = (torch.isnan(x) | (x == float("inf"))).any(dim=1)
+        if bad.any():
+            nan = torch.tensor(float("nan"), device=x.device)
+            vals = torch.where(bad[:, None], nan, vals)
+            keys = torch.where(bad[:, None], nan, keys)
+            ids = torch.where(bad[:, None], torch.arange(k, device=x.device), ids)
+    return vals, keys, ids
 
 
 def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=1.0,
@@ -68,6 +78,8 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
     Returns
     -------
     (values float32 [N, k], keys float32 [N, k], ids int64 [N, k]) sorted by key desc, id asc.
+    With normalize, a row holding NaN or +inf gives NaN values and keys and ids 0 .. k - 1
+    (its log_softmax is NaN throughout, as in transformers).
 
     Example
     -------

@@ -115,7 +115,10 @@ def _beam_step_kernel(
         if NORMALIZE:
             new_m = tl.maximum(M, tl.max(x, axis=0))
             scale = tl.where(M == new_m, 1.0, tl.exp(M - new_m))
-            Z = Z * scale + tl.sum(tl.where(x > float("-inf"), tl.exp(x - new_m), 0.0), axis=0)
+            # a NaN lane adds NaN (max ignores it), a +inf one exp(inf - inf): Z is NaN
+            # exactly on a row whose log_softmax is (transformers' values: NaN throughout)
+            Z = Z * scale + tl.sum(tl.where(x > float("-inf"), tl.exp(x - new_m),
+                                            tl.where(x == x, 0.0, x)), axis=0)
             M = new_m
         c = x
         if HAS_CAND:
@@ -178,10 +181,12 @@ def _beam_step_kernel(
         ui = tl.where(took_u, BIG_ID + 3 * KP, ui)
         # A row with fewer than K real candidates reports id 0 with -inf (never selected
         # while the batch item has K finite candidates).
+        # A row holding NaN or +inf (normalize: Z is NaN) reports NaN values and keys, ids
+        # 0 .. K - 1, as the twin (beam_topk_reference): no finite-looking answer.
         real = mi < BIG_ID
-        tl.store(val_ptr + orow + j, tl.where(real, mv, float("-inf")))
-        tl.store(key_ptr + orow + j, tl.where(real, m, float("-inf")))
-        tl.store(tok_ptr + orow + j, tl.where(real, mi, 0))
+        tl.store(val_ptr + orow + j, tl.where(Z != Z, Z, tl.where(real, mv, float("-inf"))))
+        tl.store(key_ptr + orow + j, tl.where(Z != Z, Z, tl.where(real, m, float("-inf"))))
+        tl.store(tok_ptr + orow + j, tl.where(Z != Z, j, tl.where(real, mi, 0)))
 
 
 

@@ -54,6 +54,30 @@ def test_kernel_matches_twin(kind):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
 
 
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs triton (GPU or interpreter)")
+@pytest.mark.parametrize("kw", [{}, {"seed": torch.tensor([1, 2, 3, 4])},
+                                {"repetition_penalty": 1.3,
+                                 "input_ids": torch.tensor([[1], [3], [2], [0]])}])
+def test_rows_with_nan_or_inf_are_nan_on_both_backends(kw):
+    """log_softmax of a row holding NaN or +inf is NaN throughout (transformers' values): NaN
+    values and keys, ids 0 .. k - 1, on both backends. The kernel dropped a NaN (max ignores
+    it) and gave a finite log-softmax of the rest; a +inf row gave id 0 k times at -inf."""
+    x = torch.randn(4, 61, generator=torch.Generator().manual_seed(3))
+    x[0, 7] = float("inf")
+    x[1, 40] = float("nan")
+    x[3, 60] = float("nan")
+    x[3, 2] = float("inf")
+    from gpu_sampler import kernels
+    for out in (kernels.beam_topk(x, 5, tile=16, **kw), beam_topk_reference(x, 5, **kw)):
+        for t in out[:2]:
+            assert bool(t[[0, 1, 3]].isnan().all()) and not bool(t[2].isnan().any())
+        assert out[2][[0, 1, 3]].tolist() == [list(range(5))] * 3
+    ref = beam_topk_reference(x[2:3], 5, **{a: (b[2:3] if isinstance(b, torch.Tensor) else b)
+                                            for a, b in kw.items()})
+    got = kernels.beam_topk(x, 5, tile=16, **kw)
+    assert torch.equal(got[2][2:3], ref[2])
+
+
 @pytest.mark.parametrize("kind", ["plain", "rep", "ties", "inf_heavy"])
 def test_twin_is_transformers_log_probs_topk(kind):
     """Values are log_softmax -> RepetitionPenaltyLogitsProcessor -> -inf masks (transformers'
