@@ -53,9 +53,9 @@ The screened draw (nineteenth session). The row's winner max over the kept set o
 S = ln(p Z) - 3 (band_plan._band_screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
 score >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u: the gather tests
 1 - u <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
-after the hash (on its bits: one multiply-add, one compare; common._screened) and scores exactly (two logs and the winner's
-reduction) only in a block where some kept lane passes: ~e^3 / p = 21 tokens a row pass, so ~15%
-of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
+after the hash (on its bits: one multiply-add, one compare; common._screened) and scores
+exactly (two logs and the winner's reduction) only in a block where some kept lane passes:
+~e^3 / p = 21 tokens a row pass, so ~15% of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
 row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
 (its cut can keep less than p Z): S = -inf, ks = +inf. The finish's slices screen their draw
 over the band list's tokens above bucket b the same way (twentieth session; a tile scores only
