@@ -721,14 +721,16 @@ def _merge_kernel(
             target = p * zk
             # a list holding less than the target cannot give an exact tau (also where LB was
             # too high): skip the search (its rounds were half the merge of a flat top-p row).
-            # Only a list of every token (p within rounding of 1) may fall short of it. An
-            # empty list holds every target of p = 0 and gives tau = +inf above G: no token
-            # kept (top-p 0 keeps the top tie group; the fallback finds it).
+            # Only a list of every token (p within rounding of 1) may fall short of it.
             exact = exact & ((lo_mass >= target) | (complete & (LB == float("-inf"))))
             exact = exact & (n_c > 0)
             if exact:
                 tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
                                        False, LB_BLOCK, NPIV, MAX_ROUNDS)
+                # p Z = 0 (top-p 0) is held by a pivot above the list's max, which snaps to
+                # +inf where the list lacks the row's max (its top tie group left out, G = M):
+                # top-p 0 keeps the top tie group, tau = M (exact only if that group is listed)
+                tau = tl.minimum(tau, M)
                 exact = exact & (tau > G)
         if (~k_act) & (~p_act):
             exact = exact & (complete | (tl.exp(G - M) < minp))

@@ -285,13 +285,17 @@ def test_top_p_zero_keeps_the_top_tie_group(p):
     """top_p = 0 keeps the top tie group (as any p below the top token's share). A row whose
     ties fill every block's candidate slots (all equal; 20 tied maxima spread over blocks)
     left the merge an empty candidate list, which held the target p Z = 0 and gave tau = +inf:
-    token -1, logprob +inf, an all-zero distribution. The twin's tokens, logprob -ln(group)."""
+    token -1, logprob +inf, an all-zero distribution. So did a list holding only values below
+    the row's max (row 3: tied blocks and one block of three smaller values), where a pivot
+    above the list's max held p Z = 0. The twin's tokens, logprob -ln(group)."""
     V = 640
-    x = torch.zeros(3, V)
+    x = torch.zeros(4, V)
     x[1] = torch.randn(V, generator=torch.Generator().manual_seed(5))
     x[1, 3::32] = 4.0                                     # 20 tied maxima, 2 a block
     x[2] = torch.randn(V, generator=torch.Generator().manual_seed(6))
-    kw = dict(temperature=1.0, top_p=p, seed=torch.tensor([1, 2, 3]), offset=0)
+    x[3, 576:] = float("-inf")                            # the last block: 3 candidates
+    x[3, 600:603] = torch.tensor([-0.01, -0.02, -0.03])
+    kw = dict(temperature=1.0, top_p=p, seed=torch.tensor([1, 2, 3, 4]), offset=0)
     tok, lp = _run(x, **GEOM, **kw)
     _check(x, kw, tok, lp)
     group = (x == x.max(1, keepdim=True).values).sum(1)
