@@ -663,3 +663,21 @@ def test_labels_among_the_inputs_are_not_forwarded():
     ids, mask = _batch(3)
     kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, labels=ids)
     assert torch.equal(generate(model, ids, **kw), model.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("config_eos", [True, False], ids=["config-eos", "no-config-eos"])
+def test_user_eos_criteria_replaces_the_config_eos(config_eos):
+    """A user EosTokenCriteria takes the place of the one transformers builds from
+    eos_token_id (its criteria merge): the decoder stops on the user's ids only, and pads
+    after them (tests/test_generate_contract.py for decoder-only models)."""
+    from transformers.generation import stopping_criteria as sc
+
+    model = tiny_seq2seq("bart")
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    free = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    x, y = int(free[0, 2]), int(free[1, -2])
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0,
+              eos_token_id=x if config_eos else None,
+              stopping_criteria=sc.StoppingCriteriaList([sc.EosTokenCriteria(y)]))
+    ref = model.generate(ids, **kw)
+    assert torch.equal(generate(model, ids, **kw), ref)

@@ -191,7 +191,7 @@ def _rows(model, run_, prog):
     budget = run_.drafter.budget(inp.B)
     limits = torch.where(live, torch.minimum(budget, room).clamp_min(0), 0)
     bufs.ensure_room(model, plan, bufs.kv, inp.L0 + int(prog.n.max()) + int(limits.max()) + 1)
-    eos = plan.eos if plan.has_eos else None
+    eos = plan.eos
     return Rows(out=bufs.out, hist=bufs.hist, L0=inp.L0, n=prog.n, live=live, first=prog.first,
                 limits=limits, offset=bufs.text_next_pos() + 1, procs=plan.torch_procs,
                 edits=plan.edits, eos=eos)
@@ -263,7 +263,7 @@ def _emit(run_, prog, rows, emitted, processed):
     j = torch.arange(W)[None, :]
     counts = torch.minimum((emitted >= 0).sum(1), inp.max_new - prog.n)
     done = prog.n + counts >= inp.max_new
-    if plan.has_eos:
+    if plan.eos is not None:
         eos = torch.isin(emitted, plan.eos.cpu()) & (j < counts[:, None])
         hit = eos.any(1)
         counts = torch.where(hit, eos.int().argmax(1) + 1, counts)

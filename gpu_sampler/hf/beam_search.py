@@ -203,6 +203,13 @@ def _decoder_only_cache(model, gc, plan, cache_len):
     DynamicCache."""
     if gc.use_cache is False:
         return None
+    if gc.cache_implementation not in (None, "dynamic"):
+        # transformers' own cache for this implementation ("static", "offloaded", ...), as
+        # its generate builds it for the B * num_beams rows (and returns it): same type, same
+        # (sticky) length, same attention span.
+        made = {}
+        model._prepare_cache_for_generation(gc, made, None, plan.B, cache_len)
+        return compat.pop_cache(made)
     if plan.want_attn:
         return DynamicCache(config=model.config)
     mine = own_cache(model, plan.N, cache_len)

@@ -1,6 +1,7 @@
 """Pieces that transformers' decode loops here share: generate() and beam search."""
 import torch
 from transformers.generation import logits_process as lp
+from transformers.generation import stopping_criteria as sc
 
 from . import compat
 from .cache import StaticKVCache
@@ -15,6 +16,15 @@ MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
 def is_in(obj, items):
     """Identity membership (processors define no useful ==)."""
     return any(obj is x for x in items)
+
+
+def device_eos(crit, user_sc):
+    """The eos ids the on-device test checks: those of the EosTokenCriteria transformers built
+    from the config, None when there is none (no eos_token_id, or a user EosTokenCriteria
+    took its place in transformers' merge: that one runs on the host)."""
+    built = [c.eos_token_id for c in crit
+             if isinstance(c, sc.EosTokenCriteria) and not is_in(c, user_sc)]
+    return built[0] if built else None
 
 
 def prompt_history_mask(mask, width):

@@ -7,6 +7,7 @@ alias until 5.40 / 6.0); the GPU image runs 5.17, which knows only ``past_key_va
 import dataclasses
 import functools
 import inspect
+import warnings
 
 OLD, NEW = "past_key_values", "cache"
 
@@ -36,10 +37,17 @@ def make_output(output_cls, cache, **fields):
 
 def take_cache(model, kwargs):
     """Rename a passed cache to the name the model takes, as transformers' generate does
-    (both names given: ValueError, as its deprecation helper raises)."""
-    if OLD in kwargs and NEW in kwargs:
-        raise ValueError(f"Both `{OLD}` and `{NEW}` are passed: pass only `{NEW}`")
+    (both names given: its deprecation helper warns and keeps ``cache``; a transformers
+    without ``cache`` takes no such argument: ValueError)."""
     name = cache_arg(model)
+    if OLD in kwargs and NEW in kwargs:
+        if name != NEW:  # a transformers without the new name: `cache` is no argument of it
+            raise ValueError(f"Both `{OLD}` and `{NEW}` are passed: pass only `{NEW}`")
+        # transformers >= 5.24 (its deprecate_kwarg helper): warns, uses `cache` and ignores
+        # the deprecated `past_key_values`.
+        warnings.warn(f"Both `{OLD}` and `{NEW}` are set for `generate`. Using `{NEW}` and "
+                      f"ignoring deprecated `{OLD}`.", FutureWarning)
+        kwargs.pop(OLD)
     other = OLD if name == NEW else NEW
     if other in kwargs:
         kwargs[name] = kwargs.pop(other)

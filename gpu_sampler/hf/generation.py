@@ -221,7 +221,7 @@ class _Stop:
     def update(self, plan, tok, sequences, scores):
         """`scores`: what transformers hands its stopping criteria, the processed scores so far
         (a tuple, under return_dict_in_generate + output_scores) or None."""
-        if plan.has_eos:
+        if plan.eos is not None:
             self.unfinished &= ~torch.isin(tok, plan.eos)
         if len(plan.host_crit):
             self.unfinished &= ~plan.host_crit(sequences, scores).to(self.unfinished.device)
@@ -241,7 +241,10 @@ def _decode(model, plan, bufs, streamer):
     # A cache handed back as is must not hold positions of steps past the stop.
     returns_cache = not bufs.own and bufs.cache is not None and (
         inp.cache is not None or plan.gc.return_dict_in_generate)
-    sync_every_step = streamer is not None or len(plan.host_crit) > 0 or returns_cache
+    # torch-side processors (user ones included) must not see steps transformers never runs:
+    # with any, stop at the first step after which every row has finished.
+    sync_every_step = (streamer is not None or len(plan.host_crit) > 0 or returns_cache
+                       or len(plan.torch_procs) > 0)
 
     for i in range(inp.max_new):
         cur = inp.L0 + i

@@ -17,7 +17,7 @@ from transformers.generation import stopping_criteria as sc
 from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
-from .common import (Unsupported, cache_rows, drop_never_forwarded, is_in,
+from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
                      take_passed_cache)
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
@@ -81,8 +81,8 @@ class Plan:
     torch_procs: lp.LogitsProcessorList      # processors that run in torch before sample()
     edits: TokenEdits                        # single-token processors: sample()'s logit_bias
     host_crit: sc.StoppingCriteriaList       # criteria checked on the host (not length / EOS)
-    has_eos: bool
-    eos: Optional[torch.Tensor]
+    has_eos: bool                            # some criterion stops on EOS: pad after it
+    eos: Optional[torch.Tensor]              # the ids the device test stops on (device_eos)
     pad: Optional[torch.Tensor]
     sample_kw: dict                  # sample()'s fused arguments (row seeds included)
     ref_kw: dict                     # the same for the reported scores (no seeds)
@@ -269,8 +269,8 @@ def refuse_beam_options(inputs, extras):
 
 
 def _criteria(model, gc, stopping_criteria, tokenizer):
-    """(has_eos, host criteria): the loop bound and the on-device EOS test replace the built
-    length / EOS criteria."""
+    """(has_eos, host criteria, device eos ids): the loop bound and the on-device EOS test
+    replace the built length / EOS criteria."""
     user_sc = list(stopping_criteria or [])
     crit = model._get_stopping_criteria(gc, sc.StoppingCriteriaList(user_sc), tokenizer)
     has_eos = any(hasattr(c, "eos_token_id") for c in crit)
@@ -279,7 +279,7 @@ def _criteria(model, gc, stopping_criteria, tokenizer):
         or not isinstance(c, (sc.MaxLengthCriteria, sc.EosTokenCriteria)))
     if has_eos and gc._pad_token_tensor is None:
         raise ValueError("eos_token_id is set but pad_token_id is None: set pad_token_id")
-    return has_eos, host
+    return has_eos, host, device_eos(crit, user_sc)
 
 
 def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
@@ -287,7 +287,7 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
     gc = inputs.gc
     procs, user_lp = processors(model, inputs, logits_processor)
     torch_procs, fused, edits = plan_processors(procs, user_lp, bool(gc.do_sample))
-    has_eos, host_crit = _criteria(model, gc, stopping_criteria, extras.tokenizer)
+    has_eos, host_crit, eos = _criteria(model, gc, stopping_criteria, extras.tokenizer)
     sample_kw = dict(fused)
     sample_kw.setdefault("repetition_penalty", 1.0)
     sample_kw["presence_penalty"] = extras.presence
@@ -313,7 +313,7 @@ def plan_step(model, inputs, logits_processor, stopping_criteria, extras):
     params = inspect.signature(model.forward).parameters
     return Plan(
         inputs=inputs, torch_procs=torch_procs, edits=edits, host_crit=host_crit, has_eos=has_eos,
-        eos=gc._eos_token_tensor, pad=gc._pad_token_tensor, sample_kw=sample_kw, ref_kw=ref_kw,
+        eos=eos, pad=gc._pad_token_tensor, sample_kw=sample_kw, ref_kw=ref_kw,
         seeded=extras.seed is not None, compile=extras.compile, amateur=amateur,
         want_scores=want_scores, want_logits=want_logits,
         want_attn=rd and bool(gc.output_attentions),

@@ -49,7 +49,7 @@ from ..sampler import sample
 from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
-from .common import (Unsupported, cache_rows, drop_never_forwarded, is_in,
+from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
                      prompt_history_mask, take_passed_cache)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
@@ -407,7 +407,7 @@ def _plan_step(model, run, logits_processor, stopping_criteria, extras):
     run.host_crit = sc.StoppingCriteriaList(
         c for c in crit if is_in(c, user_sc)
         or not isinstance(c, (sc.MaxLengthCriteria, sc.EosTokenCriteria)))
-    run.eos, run.pad = gc._eos_token_tensor, gc._pad_token_tensor
+    run.eos, run.pad = device_eos(crit, user_sc), gc._pad_token_tensor
     if run.has_eos and run.pad is None:
         raise ValueError("eos_token_id is set but pad_token_id is None: set pad_token_id")
     sample_kw = dict(fused)
@@ -579,7 +579,9 @@ def _decode(model, run, st, streamer):
     # stop.
     returns_cache = not st.own and st.cache is not None and (
         run.gc.return_dict_in_generate or run.cache is not None)
-    sync_every_step = streamer is not None or len(run.host_crit) > 0 or returns_cache
+    # torch-side processors (user ones included) must not see steps transformers never runs.
+    sync_every_step = (streamer is not None or len(run.host_crit) > 0 or returns_cache
+                       or len(run.torch_procs) > 0)
     for i in range(run.max_new):
         cur = L0 + i
         tok = _choose(run, st, rec, step, cur)
@@ -592,7 +594,7 @@ def _decode(model, run, st, streamer):
         steps_run += unfinished.any()
         if streamer is not None:
             streamer.put(tok.cpu())
-        if run.has_eos:
+        if run.eos is not None:
             unfinished &= ~torch.isin(tok, run.eos)
         if len(run.host_crit):
             # transformers' `scores` argument: the processed scores so far, or None
