@@ -114,6 +114,31 @@ def test_batched_rows_equal_plain_greedy(arch, packs):
         assert torch.equal(ref[b, ids.shape[1]:ids.shape[1] + len(row)], row)
 
 
+class _Ramp:
+    """A user logits processor (it moves the repetition penalty to the torch side)."""
+
+    def __call__(self, input_ids, scores):
+        return scores + torch.linspace(0, 1, scores.shape[-1])
+
+
+def test_batched_rows_with_left_padding_and_a_torch_side_penalty(packs):
+    """transformers' repetition-penalty processor holds one prompt_ignore_length per batch row
+    under left padding; the drafters ran it on a subset of the rows, which it refused with a
+    ValueError (found by fuzzing): each group of rows gets its own entries."""
+    from transformers import LogitsProcessorList
+
+    target = tiny_model("llama", seed=5)
+    ids, mask = _batch(4, 10, seed=2)
+    kw = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None,
+              repetition_penalty=1.3)
+    ref = target.generate(ids, logits_processor=LogitsProcessorList([_Ramp()]), **kw)
+    for extra in (dict(assistant_model=_assistant(target)), dict(prompt_lookup_num_tokens=3)):
+        out = generate(target, ids, logits_processor=LogitsProcessorList([_Ramp()]), **extra,
+                       **kw)
+        assert torch.equal(out, ref)
+    assert packs, "rows never kept different counts"
+
+
 class _StopAfter(StoppingCriteria):
     """Stops a row once token `tok` was generated."""
 

@@ -28,6 +28,7 @@ Both follow transformers' candidate generators (``PromptLookupCandidateGenerator
 Every row's budget is also capped so that no draft reaches ``max_length`` (the verification
 step adds one token).
 """
+import copy
 import dataclasses
 from typing import Any, Optional
 
@@ -89,11 +90,27 @@ def process_rows(rows, drafts, i, scores):
     for length in rows.n[rows.live].unique().tolist():
         idx = ((rows.n == length) & rows.live).nonzero().flatten().to(dev)
         seq = torch.cat([rows.out[idx, :rows.L0 + length], drafts[idx, :i]], 1)
-        scores[idx] = _processed(rows, seq, scores[idx])
+        scores[idx] = _processed(rows, seq, scores[idx], idx)
     return scores
 
 
-def _processed(rows, seq, scores):
+def _for_rows(procs, idx):
+    """`procs` for the batch rows `idx` only: transformers' processors with per-row state (the
+    repetition penalty's ``prompt_ignore_length``, one entry per batch row under left padding)
+    get that state's rows `idx`."""
+    out, changed = [], False
+    for p in procs:
+        ignore = getattr(p, "prompt_ignore_length", None)
+        if isinstance(p, lp.RepetitionPenaltyLogitsProcessor) and isinstance(ignore,
+                                                                            torch.Tensor):
+            p = copy.copy(p)
+            p.prompt_ignore_length = ignore.to(idx.device)[idx]
+            changed = True
+        out.append(p)
+    return lp.LogitsProcessorList(out) if changed else procs
+
+
+def _processed(rows, seq, scores, idx):
     """float32 scores [b, V] for the token after ``seq`` [b, L]: the torch-side processors,
     then the single-token ones (sample()'s logit_bias in plain generate(), here added to the
     scores: they depend on the length L, which differs between positions and rows, and every
@@ -101,7 +118,8 @@ def _processed(rows, seq, scores):
     and confidence, prompt lookup's check) must see them, as transformers' processors see
     them). Both act before the penalties, as in plain generate()."""
     if len(rows.procs):
-        scores = rows.procs(seq, scores)
+        procs = rows.procs if seq.shape[0] == rows.out.shape[0] else _for_rows(rows.procs, idx)
+        scores = procs(seq, scores)
     return rows.edits.apply(scores, seq.shape[1])
 
 
@@ -165,7 +183,8 @@ class PromptLookup:
         for j, tok in enumerate(cand):
             s = _processed(rows, torch.cat([seq, torch.tensor([cand[:j]], dtype=torch.long,
                                                               device=dev)], 1),
-                           torch.ones(1, self.vocab, device=dev))[0, tok]
+                           torch.ones(1, self.vocab, device=dev),
+                           torch.tensor([b], device=dev))[0, tok]
             if s == float("-inf") or s == torch.finfo(s.dtype).min:
                 return cand[:j]
         return cand
