@@ -77,7 +77,7 @@ def contrastive_scores_reference(logits, amateur_logits, cd_alpha=CD_ALPHA, cd_b
     a = amateur_logits.to(torch.float32)
     ninf = float("-inf")
     M = e.amax(1, keepdim=True)  # NaN when the row has one: the row is invalid anyway
-    head = (e - M) >= _row_col(params.log_alpha(cd_alpha))
+    head = (e - M) >= _row_col(params.log_cut(cd_alpha))
     # Only cd_alpha = 0 (log = -inf also admits e = -inf) and M = +inf (inf - inf = NaN) need
     # the full rule; the common case is the two ops above.
     if isinstance(cd_alpha, torch.Tensor) or cd_alpha == 0 or bool((M == float("inf")).any()):

@@ -635,7 +635,7 @@ def _elementwise_round(st, rows, seed, offset, comm):
     e = torch.exp(y - Mr)
     keep = y > _NEG
     if st.cfg.mp_on:
-        keep = keep & (e >= _sub(reference.col(st.cfg.min_p), rows))
+        keep = keep & ((y - Mr) >= _sub(reference.col(st.cfg.log_min_p), rows))
     # Overflow rows keep their argmax tie group at value 0 (the T -> 0 limit, GUIDE rule).
     keep = torch.where(of, x == st.gmx[rows][:, None], keep)
     e = torch.where(of, 1.0, e)

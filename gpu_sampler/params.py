@@ -389,12 +389,16 @@ def check_top_n(top_logprobs, logprobs_mode):
     return top_logprobs
 
 
-def log_alpha(cd_alpha):
-    """log(cd_alpha) in float32 (the same torch op for scalars and per-row tensors), NaN where
-    cd_alpha is outside [0, 1], which makes the row invalid: the twin's and the kernels' rule."""
-    if isinstance(cd_alpha, torch.Tensor):
-        ok = (cd_alpha >= 0) & (cd_alpha <= 1)
-        return torch.where(ok, torch.log(cd_alpha), float("nan")).contiguous()
-    if not 0.0 <= cd_alpha <= 1.0:
+def log_cut(value):
+    """log(value) in float32 (the same torch op for scalars and per-row tensors), NaN where
+    value is outside [0, 1], which makes the row invalid: the cut of min-p (keep x - M >=
+    log_cut(min_p)) and of contrastive decoding's head (cd_alpha) on every backend. Both sides
+    of the test are exact float32 values the backends share (x - M is one IEEE subtraction), so
+    the kept set is the same bit for bit; e^(x - M) >= min_p depended on each backend's exp
+    rounding for a token within an ulp of the cut (min_p 1.0: tokens 4e-8 below the max)."""
+    if isinstance(value, torch.Tensor):
+        ok = (value >= 0) & (value <= 1)
+        return torch.where(ok, torch.log(value), float("nan")).contiguous()
+    if not 0.0 <= value <= 1.0:
         return float("nan")
-    return torch.log(torch.tensor(cd_alpha, dtype=torch.float32)).item()
+    return torch.log(torch.tensor(value, dtype=torch.float32)).item()

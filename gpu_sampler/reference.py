@@ -4,10 +4,12 @@ Semantics (shared with kernels/sampling.py; see kernels/README.md):
     xp = repetition penalty (HF rule, each distinct id once; ids < 0 are padding)
          then  xp -= presence * [c > 0] + frequency * c   (c = count at positions >= prompt_len)
     x  = xp / T ; T == 0 is greedy: argmax(xp), first index on ties
-    kept = {x >= tau} with tau = max(tau_k, tau_p) and exp(x - M) >= min_p, where
+    kept = {x >= tau} with tau = max(tau_k, tau_p) and x - M >= ln min_p, where
         tau_k = k-th largest x (every token tied with it is kept; k >= #finite keeps all)
         tau_p = largest t whose mass {x >= t} (within the top-k set) is >= top_p * Z_k, i.e.
                 keep i iff the mass of tokens strictly more probable than i is < top_p
+        ln min_p = float32 log (params.log_cut), compared with the float32 x - M: the same
+                kept set on every backend (e^(x - M) >= min_p would follow each exp's rounding)
     draw = argmax over kept of (x - M + Gumbel(seed, offset, token id))     (gpu_sampler/rng.py)
 A row with NaN logits, no finite logit, or an invalid per-row parameter is *invalid*: token -1,
 logprob -inf, distribution all zeros (per-row rules: docs/reliability.md). A row whose max x
@@ -27,7 +29,7 @@ import math
 
 import torch
 
-from . import rng
+from . import params, rng
 from .params import SamplingParams
 
 K0 = 256  # first candidate count when no top-k bounds the kept set
@@ -101,7 +103,7 @@ def _overflow_rows(x, idx, M, valid, greedy):
 class Switches:
     """Which filters a call has on, from the normalised parameters (shared with distributed)."""
     __slots__ = ("V", "top_k", "top_p", "min_p", "k_tensor", "kact", "k_any", "K0", "p_on",
-                 "p_any", "p_zero", "mp_on")
+                 "p_any", "p_zero", "mp_on", "log_min_p")
 
     def __init__(self, V, top_k, top_p, min_p):
         self.V, self.top_k, self.top_p, self.min_p = V, top_k, top_p, min_p
@@ -119,6 +121,7 @@ class Switches:
         # explicit fallback (a per-row tensor may hold one).
         self.p_zero = isinstance(top_p, torch.Tensor) or top_p <= 2.0 ** -150  # 0 in float32
         self.mp_on = isinstance(min_p, torch.Tensor) or min_p > 0
+        self.log_min_p = params.log_cut(min_p)  # min-p keeps x - M >= it
 
 
 class _Lazy:
@@ -174,7 +177,7 @@ def filter_candidates(vals, sw, z_full):
             kp = kp | (keep & (above == 0))
         keep = torch.where(sw.p_on, kp, keep) if isinstance(sw.p_on, torch.Tensor) else kp
     if sw.mp_on:
-        keep = keep & (e >= col(sw.min_p))
+        keep = keep & ((vals - M[:, None]) >= col(sw.log_min_p))
     last_dropped = ~keep[:, -1]
     if tau_k is not None:
         # A -inf last candidate: every token beyond it is -inf too (no mass, never kept).

@@ -128,7 +128,7 @@ def _edges_mass_combine(lo1, hi1, w1, lo2, hi2, w2):
 
 @triton.jit
 def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
-                rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks, CAP,
+                rep, pres, freq, tdiv, M, fmax, ja, jc, lminp, k0, k1, ks, CAP,
                 TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_MINP: tl.constexpr,
                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                 HAS_BIAS: tl.constexpr, R: tl.constexpr, SCREEN: tl.constexpr):
@@ -148,7 +148,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     # is one sum, not two (the compiler cannot prove e >= 0)
     kept = above
     if HAS_MINP:
-        kept = above & (e >= minp)
+        kept = above & (x - M >= lminp)
     a = _hash24(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)
     # min x above, max x below, the screen's count and the mass above: one reduction
@@ -221,9 +221,9 @@ def _band_gather_kernel(
             T, rep, pres, freq, tdiv = _row_scale(
                 temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
                 TEMP_T, REP_T, PRES_T, FREQ_T)
-            minp = tl.zeros([], tl.float32)
+            lminp = tl.full([], float("-inf"), tl.float32)
             if HAS_MINP:
-                minp = _param(minp_ptr, minp_s, row, MINP_T)
+                lminp = _param(minp_ptr, minp_s, row, MINP_T)
             M = tl.load(bf_ptr + row * NBF + B_M)
             fmax = tl.load(bf_ptr + row * NBF + B_FMAX)
             ja = tl.load(bi_ptr + row * NBI + I_JA)
@@ -238,7 +238,7 @@ def _band_gather_kernel(
                             x_ptr + row * stride_xb, gf_ptr + row * NG * NT, gi_ptr + row * NT,
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
                             tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
-                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, minp, k0, k1, ks,
+                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, lminp, k0, k1, ks,
                             CAP, TILE, E_BLOCK, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R,
                             SCREEN)
 
@@ -336,7 +336,7 @@ def _last_bucket(q1, a1, q2, a2):
 
 
 @triton.jit
-def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, minp, k0, k1, ks,
+def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, lminp, k0, k1, ks,
                  CB: tl.constexpr):
     """One finish program's slice [i0, i1) of the band list: its tokens in bucket b (where tau
     is) copied to (sx, si) from i0 on in list order, their min and max x, and the draw over
@@ -364,7 +364,7 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
         lo = tl.minimum(lo, tl.where(sel, x, float("inf")))
         hi = tl.maximum(hi, tl.where(sel, x, float("-inf")))
         e = tl.exp(x - M)
-        keep = ok & (q > b) & (e >= minp)
+        keep = ok & (q > b) & (x - M >= lminp)
         zq += tl.where(keep, (e * FX).to(tl.int64), 0)
         a = _hash24(k0, k1, ids)
         cand = _screened(keep, a, e, ks, True)
@@ -381,17 +381,17 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, m
 
 
 @triton.jit
-def _band_draw(xs_ptr, is_ptr, base, n, M, tau, minp, k0, k1, z_f, best, bidx, bx,
+def _band_draw(xs_ptr, is_ptr, base, n, M, tau, lminp, k0, k1, z_f, best, bidx, bx,
                CB: tl.constexpr):
-    """The band list's kept lanes (x >= tau, e >= min_p) into (Z_f, best score, token, its x),
-    with the gather's above-winner as the start."""
+    """The band list's kept lanes (x >= tau, x - M >= ln min_p) into (Z_f, best score, token,
+    its x), with the gather's above-winner as the start."""
     zl, sl, il, xl = _draw_init(CB)
     for b0 in range(0, n, CB):
         idx = b0 + tl.arange(0, CB)
         ok = idx < n
         x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
         ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
-        keep = ok & (x >= tau) & (tl.exp(x - M) >= minp)
+        keep = ok & (x >= tau) & (x - M >= lminp)
         zl, sl, il, xl = _draw_lanes(x, ids, keep, M, k0, k1, zl, sl, il, xl)
     return _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx)
 
@@ -434,7 +434,7 @@ def _above_mass(gf, NT, NT_P2: tl.constexpr):
 
 @triton.jit
 def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, fs, NT, M, Z,
-                p, minp, k0, k1, ks, fmax, NT_P2: tl.constexpr, CB: tl.constexpr,
+                p, lminp, k0, k1, ks, fmax, NT_P2: tl.constexpr, CB: tl.constexpr,
                 FP: tl.constexpr):
     """Finish program s of a band row's fs (<= FP): tau's bucket b from the table (each program
     the same), then _band_filter over its 1 / fs of the band list; its partials to (sp, spi).
@@ -446,7 +446,7 @@ def _band_slice(gf, bi, tab, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, s, f
     i0 = tl.minimum(s * sl, n)
     m, lo, hi, z, best, bidx, bx = _band_filter(xs_ptr, is_ptr, base, i0, tl.minimum(i0 + sl, n),
                                                 sx_ptr, si_ptr, fmax, tl.load(bi + I_JC), b, M,
-                                                minp, k0, k1, ks, CB)
+                                                lminp, k0, k1, ks, CB)
     tl.store(sp + S_LO * FP + s, lo)
     tl.store(sp + S_HI * FP + s, hi)
     tl.store(sp + S_S * FP + s, best)
@@ -478,7 +478,7 @@ def _band_gather_survivors(xs_ptr, is_ptr, sx_ptr, si_ptr, base, n, cnt, fs,
 
 @triton.jit
 def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, NT, M, target,
-                 b, A, minp, slb, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr,
+                 b, A, lminp, slb, k0, k1, NT_P2: tl.constexpr, SB2: tl.constexpr,
                  NPIV2: tl.constexpr, MAX_ROUNDS: tl.constexpr, FP: tl.constexpr,
                  SEG: tl.constexpr):
     """The row's last finish program: the fs slices' partials (fixed order), their bucket-b
@@ -513,7 +513,7 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, 
             kp = tl.sum(tl.load(spi + SI_Z * FP + s, mask=sm, other=0, cache_modifier=".cg"),
                         axis=0)
             kp = kp.to(tl.float32) / FX
-            z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, minp, k0, k1,
+            z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, lminp, k0, k1,
                                              z_f + kp, ks, kid, kx, SB2)
             ok = best >= slb  # every token the gather's screen skipped scores < slb
     return ok, z_f, bidx, bx
@@ -566,9 +566,9 @@ def _band_finish_kernel(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
             TEMP_T, REP_T, PRES_T, FREQ_T)
         p = _param(topp_ptr, topp_s, row, TOPP_T)
-        minp = tl.zeros([], tl.float32)
+        lminp = tl.full([], float("-inf"), tl.float32)
         if HAS_MINP:
-            minp = _param(minp_ptr, minp_s, row, MINP_T)
+            lminp = _param(minp_ptr, minp_s, row, MINP_T)
         M = tl.load(bf_ptr + row * NBF + B_M)
         Z = tl.load(bf_ptr + row * NBF + B_Z)
         k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
@@ -584,14 +584,14 @@ def _band_finish_kernel(
         if ok:
             target, b, A = _band_slice(gfrow, birow, tab_ptr + row * NBUCK, xs_ptr, is_ptr,
                                        sx_ptr, si_ptr, sprow, spirow, row * CAP, s, fs, NT, M,
-                                       Z, p, minp, k0, k1, _screen_scale(slb),
+                                       Z, p, lminp, k0, k1, _screen_scale(slb),
                                        tl.load(bf_ptr + row * NBF + B_FMAX), NT_P2, CB, FP)
             tl.debug_barrier()
             last = tl.atomic_add(birow + I_TICK, 1, sem="acq_rel") == fs - 1
             if last:
                 ok, z_f, bidx, bx = _band_result(
                     gfrow, gi_ptr + row * NT, birow, xs_ptr, is_ptr, sx_ptr, si_ptr, sprow,
-                    spirow, row * CAP, fs, NT, M, target, b, A, minp, slb, k0, k1, NT_P2, SB2,
+                    spirow, row * CAP, fs, NT, M, target, b, A, lminp, slb, k0, k1, NT_P2, SB2,
                     NPIV2, MAX_ROUNDS, FP, SEG)
         if last:
             if ~ok:
@@ -600,7 +600,7 @@ def _band_finish_kernel(
                 _, _, z_f, _, bidx, bx = _row_pass(
                     lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                     x_ptr + row * stride_xb, lrow, NT, V, rep, pres, freq, tdiv, M, Z,
-                    _row_lmin(wf_ptr + row * NF * NT, NT, NT_P2), row * 0, p, minp, no, ~no, no,
+                    _row_lmin(wf_ptr + row * NF * NT, NT, NT_P2), row * 0, p, lminp, no, ~no, no,
                     M, M * 0.0, M * 0.0, M * 0.0, k0, k1, M * 0.0,
                     tl.full([], float("-inf"), tl.float32), row * 0 - 1, M * 0.0, TILE,
                     E_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, False, False)

@@ -53,10 +53,10 @@ FX = tl.constexpr(140737488355328.0)  # 2^47: CAP < 2^16 tokens of e <= 1 sum be
 
 
 @triton.jit
-def _band_screen_bound(p, Z, minp):
+def _band_screen_bound(p, Z, lminp):
     """S, the bound the band read screens its draw against (common.py, "the draw's screen"):
     top-p keeps W_kept >= p Z; -inf (no screen) with min-p, whose cut can leave less kept."""
-    return tl.where(minp > 0.0, float("-inf"), _screen_bound(p * Z))
+    return tl.where(lminp > float("-inf"), float("-inf"), _screen_bound(p * Z))
 
 
 @triton.jit
@@ -161,7 +161,7 @@ GROW = tl.constexpr(16)
 
 
 @triton.jit
-def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, minp,
+def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, lminp,
               NT_P2: tl.constexpr):
     """Plan one band row (module docstring) from its counts hrow [NT, NBIN] and tops frow [NT],
     with the merge's M and Z: writes the block offsets (orow), (M, Z, Fmax, S) and (ok, Ja, Jc,
@@ -176,7 +176,7 @@ def _plan_row(hrow, frow, orow, bfrow, birow, tabrow, NT, CAP, M, Z, p, minp,
     tl.store(bfrow + B_M, M)
     tl.store(bfrow + B_Z, Z)
     tl.store(bfrow + B_FMAX, fmax)
-    tl.store(bfrow + B_SLB, _band_screen_bound(p, Z, minp))
+    tl.store(bfrow + B_SLB, _band_screen_bound(p, Z, lminp))
     tl.store(birow + I_OK, ok.to(tl.int32))
     tl.store(birow + I_JA, ja)
     tl.store(birow + I_JC, jc)

@@ -305,7 +305,7 @@ def _better(b, bid, bp, cb, cid, cp):
 
 
 @triton.jit
-def _pure_row(T, k, p, minp, V, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+def _pure_row(T, k, p, lminp, V, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
               HAS_MINP: tl.constexpr):
     """A sampling row with no threshold to find (pure temperature): T > 0 and no top-k
     (k <= 0 or k >= V), no top-p (p >= 1), no min-p (min_p <= 0). Its kept set is every finite
@@ -317,7 +317,7 @@ def _pure_row(T, k, p, minp, V, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
     if HAS_TOPP:
         pure = pure & (p >= 1.0)
     if HAS_MINP:
-        pure = pure & (minp <= 0.0)
+        pure = pure & (lminp == float("-inf"))
     return pure
 
 

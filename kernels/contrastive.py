@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import _cd_scores, _param
-from .launch import log_alpha, next_pow2, split_param
+from .launch import log_cut, next_pow2, split_param
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=0.1, cd_beta=0.5, til
     if num_warps is None:
         num_warps = 8 if tile >= 1024 else 4
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
-    la_p, la_s, la_t = split_param(log_alpha(cd_alpha), logits)
+    la_p, la_s, la_t = split_param(log_cut(cd_alpha), logits)
     beta_p, beta_s, beta_t = split_param(cd_beta, logits)
     extra = {} if interp else {"enable_fp_fusion": False}  # no FMA: the twin rounds each op
     _contrastive_scores_kernel[(B,)](

@@ -1,11 +1,12 @@
 """Host-side helpers every launcher uses (no kernels here): sizes and parameter passing.
 
-``log_alpha`` (contrastive decoding's cut) is the parameter module's rule, shared with the torch
-twin: gpu_sampler.params is a leaf that imports neither ops nor kernels.
+``log_cut`` (min-p's and contrastive decoding's cuts, in log space) is the parameter module's
+rule, shared with the torch twin: gpu_sampler.params is a leaf that imports neither ops nor
+kernels.
 """
 import torch
 
-from gpu_sampler.params import log_alpha  # noqa: F401 (absolute: works however kernels/ is found)
+from gpu_sampler.params import log_cut  # noqa: F401 (absolute: works however kernels/ is found)
 
 
 def next_pow2(n):

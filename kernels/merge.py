@@ -6,7 +6,7 @@ Math per row, transformers' order (see kernels/README.md):
     M = max_t m_t,  Z = sum_t z_t exp(m_t - M)                    (blocks in index order)
     keep i  iff  x_i >= tau_k,  tau_k = k-th largest x (ties with it kept)
            and  x_i >= tau_p,  tau_p = max{t : sum_{x >= t, x >= tau_k} e^(x-M) >= p * Z_k}
-           and  e^(x_i - M) >= min_p
+           and  x_i - M >= ln min_p      (its float32, params.log_cut: exact, any backend)
     token = argmax_{kept} (x_i - M + Gumbel_i),  logprob = x_tok - M - log(sum_{kept} e^(x - M))
 
 Exactness: G = max_t g_t bounds every value that is not a candidate. A threshold found on the
@@ -50,7 +50,7 @@ def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.c
 
 
 @triton.jit
-def _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, minp):
+def _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, lminp):
     """A lower bound on the mass min-p keeps, from the blocks' partials (no candidate read):
     a block whose largest unstored x, g_t, reaches the cut keeps all its ncand_t candidates,
     each >= g_t (they are an upper set of the block); any other keeps at least its max if that
@@ -59,20 +59,21 @@ def _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, minp):
     g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
     eg = tl.exp(g_t - M)
     em = tl.exp(m_t - M)
-    w = tl.where(eg >= minp, ncand_t.to(tl.float32) * eg, tl.where(em >= minp, em, 0.0))
+    w = tl.where(g_t - M >= lminp, ncand_t.to(tl.float32) * eg,
+                 tl.where(m_t - M >= lminp, em, 0.0))
     return tl.sum(tl.where(tin, w, 0.0), axis=0)
 
 
 @triton.jit
-def _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, minp, KT: tl.constexpr,
+def _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, lminp, KT: tl.constexpr,
                     CB: tl.constexpr, NT_P2: tl.constexpr):
-    """The candidates' mass sum e^(x - M) over those with e >= min_p: a lower bound on the
+    """The candidates' mass sum e^(x - M) over those min-p keeps: a lower bound on the
     mass min-p keeps (one pass over the NT KT slots, from L2)."""
     wm = tl.zeros([CB], tl.float32)
     for b0 in range(0, NT * KT, CB):
         ok, x, _ = _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT, CB, NT_P2)
         e = tl.exp(x - M)
-        wm += tl.where(ok & (e >= minp), e, 0.0)
+        wm += tl.where(ok & (x - M >= lminp), e, 0.0)
     return tl.sum(wm, axis=0)
 
 
@@ -148,9 +149,9 @@ def _list_block(xs_ptr, base, n, b0, CB: tl.constexpr):
 
 
 @triton.jit
-def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1, z_f, best, bidx, bx,
+def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1, z_f, best, bidx, bx,
                WRITE_PROBS: tl.constexpr, LB: tl.constexpr):
-    """The draw over the row's list (its kept set: x >= tau, e^(x - M) >= min_p): (Z_f, best
+    """The draw over the row's list (its kept set: x >= tau, x - M >= ln min_p): (Z_f, best
     score, its token (lowest id on a tie; the list is in id order except for re-read dirty
     blocks' tokens, appended), its x); the inputs are returned where nothing is kept.
     Per-lane sums and maxima, reduced once after the loop: an iteration is two loads, the hash
@@ -162,7 +163,7 @@ def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1, z_f, best, bidx,
     for b0 in range(0, n_c, LB):
         slot, ok, x = _list_block(xs_ptr, base, n_c, b0, LB)
         e = tl.exp(x - M)
-        keep = ok & (x >= tau) & (e >= minp)
+        keep = ok & (x >= tau) & (x - M >= lminp)
         zl += tl.where(keep, e, 0.0)
         if not WRITE_PROBS:
             ids = tl.load(is_ptr + slot, mask=ok, other=0)
@@ -350,14 +351,14 @@ def _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, target
 
 
 @triton.jit
-def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,
+def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
               k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx,
               TILE: tl.constexpr, E_BLOCK: tl.constexpr, NPIV: tl.constexpr,
               MAX_ROUNDS: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
               WRITE_PROBS: tl.constexpr):
     """The exact row pass (last resort, one program): the top-k then top-p search over the
-    row itself (one pass per round), then one draw pass: keep x >= tau with e^(x - M) >= min_p,
+    row itself (one pass per round), then one draw pass: keep x >= tau with x - M >= ln min_p,
     Z_f, the Gumbel argmax (lowest id on ties). Overflowed rows (ovf) keep xp's argmax tie group
     with x = 0. Shared by the merge and kernels/band.py's finish (rows whose band failed), so
     both give the same answer. Returns (M, tau, Z_f, best score, token, its x)."""
@@ -378,7 +379,7 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
                                               HAS_BIAS, arow, la, beta, Me, CD, False)
         x = _tempered(xp, tdiv, ovf, xpmax)
         e = tl.exp(x - M)
-        keep = inb & (x >= tau) & (e >= minp)
+        keep = inb & (x >= tau) & (x - M >= lminp)
         z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
         if not WRITE_PROBS:
             score = tl.where(keep, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
@@ -457,10 +458,10 @@ def _merge_kernel(
     freq = _param(freq_ptr, freq_s, row, FREQ_T)
     k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
     p = _param(topp_ptr, topp_s, row, TOPP_T)
-    minp = _param(minp_ptr, minp_s, row, MINP_T)
+    lminp = _param(minp_ptr, minp_s, row, MINP_T)
     greedy = T == 0.0
     bad = _bad_row(T, rep, pres, freq) | (k < 0)
-    bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~((minp >= 0.0) & (minp <= 1.0)))
+    bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~(lminp <= 0.0))
     la = _param(la_ptr, la_s, row, LA_T)
     beta = _param(beta_ptr, beta_s, row, BETA_T)
     if CD:
@@ -541,7 +542,7 @@ def _merge_kernel(
     if HAS_TOPP:
         p_act = sampling & (p < 1.0)
     if not HAS_MINP:
-        minp = minp * 0.0
+        lminp = tl.full([], float("-inf"), tl.float32)
 
     # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
     # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
@@ -556,7 +557,7 @@ def _merge_kernel(
     # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
     # lowest id, the same token the row pass draws; else the row takes the fallback.
     exact = sampling & (~ovf)
-    pure = exact & _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+    pure = exact & _pure_row(T, k, p, lminp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
     if CD:
         if not WRITE_PROBS:
             pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
@@ -592,12 +593,12 @@ def _merge_kernel(
     if HAS_MINP:
         if HAS_TOPP:
             # Top-p is irrelevant when min-p's cut lies above every value it could pick. With
-            # every min-p-kept token a candidate (e^(G - M) < min_p), c = the smallest kept x
+            # every min-p-kept token a candidate (G - M < ln min_p), c = the smallest kept x
             # and W(c) = their mass: W(c) < p Z gives tau_p < c, so the kept set is min-p's
             # alone and the row needs no top-p search (v2 searched and, when the nucleus
             # outgrew the candidates, fell back to the row). Top-k rows keep the search.
-            if exact & p_act & (~k_act) & (minp > 0.0) & (tl.exp(G - M) < minp):
-                wm = _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, minp, KT, CB, NT_P2)
+            if exact & p_act & (~k_act) & (lminp > float("-inf")) & (G - M < lminp):
+                wm = _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, lminp, KT, CB, NT_P2)
                 p_act = p_act & (wm >= p * Z)
 
     if exact:
@@ -628,11 +629,11 @@ def _merge_kernel(
             LB = tl.where(use_lbk, LBk, LB)
             if HAS_MINP:
                 # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
-                # (the draw tests e^(x - M) >= min_p itself), and few dirty blocks are re-read
+                # (the draw tests x - M >= ln min_p itself), and few dirty blocks are re-read
                 # here rather than the row handed to the second read. The slack exceeds the
                 # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
-                mlb = (M + tl.log(minp)) - (0.0625 + tl.abs(M) * 1e-6)
-                LB = tl.where((~k_act) & (~p_act) & (minp > 0.0), mlb, LB)
+                mlb = (M + lminp) - (0.0625 + tl.abs(M) * 1e-6)
+                LB = tl.where((~k_act) & (~p_act) & (lminp > float("-inf")), mlb, LB)
             # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a
             # bin-i candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
             # compaction (a third of this program on flat rows; the band read takes the row)
@@ -661,7 +662,7 @@ def _merge_kernel(
         if (~k_act) & (~p_act):
             # min-p alone is exact only where every kept token is a candidate (G's token is
             # below the cut, G final here): else no list (flat rows: second read)
-            listed = tl.where(complete | (tl.exp(G - M) < minp), listed, 0)
+            listed = tl.where(complete | (G - M < lminp), listed, 0)
         redo = redo & (listed > 0)  # a row with no list re-reads no block either
         # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
         CS: tl.constexpr = CB // 2 if BANDS else CB
@@ -733,7 +734,7 @@ def _merge_kernel(
                 tau = tl.minimum(tau, M)
                 exact = exact & (tau > G)
         if (~k_act) & (~p_act):
-            exact = exact & (complete | (tl.exp(G - M) < minp))
+            exact = exact & (complete | (G - M < lminp))
 
     # the row key here, not earlier: two fewer registers live through the searches
     k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
@@ -742,7 +743,7 @@ def _merge_kernel(
     bidx = row * 0 - 1
     bx = tl.zeros([], tl.float32)
     if exact:
-        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, minp, k0, k1,
+        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1,
                                          z_f, best, bidx, bx, WRITE_PROBS, LB_BLOCK)
     if STATE:  # tau is final here unless the row pass below redoes the row (it stores its own)
         tl.store(sf_ptr + row * NS + S_TAU, tau)
@@ -776,8 +777,8 @@ def _merge_kernel(
             if SCREEN:
                 wk = Z
                 if HAS_MINP:
-                    wk = tl.where(minp > 0.0, _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t,
-                                                               M, minp), Z)
+                    wk = tl.where(lminp > float("-inf"),
+                                  _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, lminp), Z)
                 s_lb = _screen_bound(wk)
             tl.store(rf_ptr + row * 4 + 3, s_lb)
             fallback = fallback & (~fallback)
@@ -793,10 +794,10 @@ def _merge_kernel(
             bidx = bidx * 0 + BAND_ROW
             _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
                       bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
-                      NT * KT, M, Z, p, minp, NT_P2)
+                      NT * KT, M, Z, p, lminp, NT_P2)
     if fallback:
         M, tau, z_f, best, bidx, bx = _row_pass(
-            lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, minp,
+            lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
             k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
             NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
         if STATE:
@@ -863,9 +864,9 @@ def _write_probs_kernel(
     T, rep, pres, freq, tdiv = _row_scale(
         temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
         TEMP_T, REP_T, PRES_T, FREQ_T)
-    minp = _param(minp_ptr, minp_s, row, MINP_T)
+    lminp = _param(minp_ptr, minp_s, row, MINP_T)
     if not HAS_MINP:
-        minp = minp * 0.0
+        lminp = tl.full([], float("-inf"), tl.float32)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
     inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)
@@ -887,7 +888,7 @@ def _write_probs_kernel(
                 arow, la, beta, Me, CD, False)
             x = _tempered(xp, tdiv, ovf, xpmax)
             e = tl.exp(x - M)
-            keep = (x >= tau) & (e >= minp)
+            keep = (x >= tau) & (x - M >= lminp)
             pr = tl.where(keep, e * inv_z, 0.0)
         else:
             pr = tl.where(valid & (offs == gidx), 1.0, 0.0)

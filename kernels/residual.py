@@ -8,7 +8,7 @@ compacted candidate list, that list's length (``nl``, in the greedy-token slot o
 -1 otherwise). Then, per row, with
 q = draft_probs[b, i] (q = 0 at the bonus position i = K) and d = draft_tokens[b, i]:
 
-    p_v   = [kept_v] e^(x_v - M) / Z_f           (kept_v: x_v >= tau and e^(x_v - M) >= min_p)
+    p_v   = [kept_v] e^(x_v - M) / Z_f           (kept_v: x_v >= tau and x_v - M >= ln min_p)
     r_v   = max(0, p_v - q_v)                     R = sum_v r_v
     token = argmax_v log r_v + G_v  (r_v > 0)     if R > 0,   else  argmax_v log p_v + G_v
     p_d   = p_d(row),  logprob = log p_token
@@ -44,11 +44,11 @@ NPI = tl.constexpr(2)
 
 
 @triton.jit
-def _scores(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1):
+def _scores(x, ids, ok, M, tau, lminp, inv_z, qrow, d, k0, k1):
     """Per token: (r, p, residual score, plain score, p where the token is d) over ``ok``
     tokens; q_v = 0 where d < 0 (the bonus position)."""
     e = tl.exp(x - M)
-    kept = ok & (x >= tau) & (e >= minp)
+    kept = ok & (x >= tau) & (x - M >= lminp)
     p = tl.where(kept, e * inv_z, 0.0)
     # d < 0 at the bonus position: q = 0 there (a block compare: the interpreter takes a scalar
     # flag in a load mask as int64)
@@ -92,10 +92,10 @@ def _lanes_init(N: tl.constexpr):
 
 
 @triton.jit
-def _lanes_add(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1, rm, pd, rb, rid, rp, pb, pid,
+def _lanes_add(x, ids, ok, M, tau, lminp, inv_z, qrow, d, k0, k1, rm, pd, rb, rid, rp, pb, pid,
                pp):
     """One vector of tokens into the per-lane partials (no cross-lane reduction)."""
-    r, p, rs, ps, pd_v = _scores(x, ids, ok, M, tau, minp, inv_z, qrow, d, k0, k1)
+    r, p, rs, ps, pd_v = _scores(x, ids, ok, M, tau, lminp, inv_z, qrow, d, k0, k1)
     rb, rid, rp = _better(rs, ids, p, rb, rid, rp)
     pb, pid, pp = _better(ps, ids, p, pb, pid, pp)
     return rm + r, pd + pd_v, rb, rid, rp, pb, pid, pp
@@ -110,7 +110,7 @@ def _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp):
 
 
 @triton.jit
-def _list_part(xs_ptr, is_ptr, base, lo, hi, M, tau, minp, inv_z, qrow, d, k0, k1,
+def _list_part(xs_ptr, is_ptr, base, lo, hi, M, tau, lminp, inv_z, qrow, d, k0, k1,
                LB: tl.constexpr):
     """The partial of list entries [lo, hi): (R, residual max (score, id, p), plain max,
     p_d). Per-lane maxima and sums, reduced once at the end: an iteration is two dependent
@@ -122,7 +122,7 @@ def _list_part(xs_ptr, is_ptr, base, lo, hi, M, tau, minp, inv_z, qrow, d, k0, k
         ok = idx < hi
         x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
         ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
-        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, ok, M, tau, minp, inv_z, qrow, d,
+        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, ok, M, tau, lminp, inv_z, qrow, d,
                                                       k0, k1, rm, pd, rb, rid, rp, pb, pid, pp)
     return _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp)
 
@@ -162,9 +162,9 @@ def _residual_kernel(
     j = tl.minimum(i, K1 - 2)
     d = tl.where(has_q, tl.load(d_ptr + b * stride_db + j), -1)
     qrow = q_ptr + b * stride_qb + j * stride_qk
-    minp = tl.zeros([], tl.float32)
+    lminp = tl.full([], float("-inf"), tl.float32)
     if HAS_MINP:
-        minp = _param(minp_ptr, minp_s, row, MINP_T)
+        lminp = _param(minp_ptr, minp_s, row, MINP_T)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
     inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)
@@ -176,7 +176,7 @@ def _residual_kernel(
             logits_ptr + row * stride_lb, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
             x_ptr + row * stride_xb, am_ptr + row * stride_ab, la_ptr, la_s, beta_ptr, beta_s,
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, sf_ptr, flags,
-            row, c * TPC, tl.minimum(c * TPC + TPC, NT), NT, V, M, tau, minp, inv_z, qrow, d,
+            row, c * TPC, tl.minimum(c * TPC + TPC, NT), NT, V, M, tau, lminp, inv_z, qrow, d,
             k0, k1, TEMP_T, REP_T, PRES_T, FREQ_T, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE,
             E_BLOCK, LA_T, BETA_T, CD)
         if SOLO:
@@ -185,7 +185,7 @@ def _residual_kernel(
             _store_partial(pf, pi, c, NT, rm, rb, rid, rp, pb, pid, pp, pd)
     elif sampling & (c == 0):
         rm, _, rid, rp, _, pid, pp, pd = _list_part(xs_ptr, is_ptr, row * NT * KT, 0, nl, M,
-                                                    tau, minp, inv_z, qrow, d, k0, k1, LB)
+                                                    tau, lminp, inv_z, qrow, d, k0, k1, LB)
         _emit(tok_ptr, logp_ptr, pd_ptr, row, rm, rid, rp, pid, pp, pd)
     elif c == 0:
         # greedy: p is one-hot at the argmax, the residual too; invalid: -1
@@ -199,7 +199,7 @@ def _residual_kernel(
 @triton.jit
 def _read_part(lrow, erow, brow, xrow, arow, la_ptr, la_s, beta_ptr, beta_s, temp_ptr, temp_s,
                rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, sf_ptr, flags, row, t0, t1,
-               NT, V, M, tau, minp, inv_z, qrow, d, k0, k1,
+               NT, V, M, tau, lminp, inv_z, qrow, d, k0, k1,
                TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr,
                FREQ_T: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, TILE: tl.constexpr,
@@ -221,7 +221,7 @@ def _read_part(lrow, erow, brow, xrow, arow, la_ptr, la_s, beta_ptr, beta_s, tem
                                                  HAS_BIAS, arow, la, beta, me, CD, False)
         x = _tempered(xp, tdiv, ovf, xpmax)
         ids = offs.to(tl.int32)
-        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, inb, M, tau, minp, inv_z, qrow, d,
+        rm, pd, rb, rid, rp, pb, pid, pp = _lanes_add(x, ids, inb, M, tau, lminp, inv_z, qrow, d,
                                                       k0, k1, rm, pd, rb, rid, rp, pb, pid, pp)
     return _lanes_result(rm, pd, rb, rid, rp, pb, pid, pp)
 

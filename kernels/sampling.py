@@ -42,7 +42,7 @@ import triton
 
 from .common import NBIN
 from .history import _bucket_history_kernel
-from .launch import edit_table, log_alpha, next_pow2, split_param
+from .launch import edit_table, log_cut, next_pow2, split_param
 from .band import NG, NSP, NSPI, _band_finish_kernel, _band_gather_kernel
 from .band_plan import NBF, NBI, NBUCK
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
@@ -150,7 +150,9 @@ class _Param(NamedTuple):
         return self.ptr, self.s
 
 
-# The parameters in the order of their IS_TENSOR flags, each with its scalar type.
+# The parameters in the order of their IS_TENSOR flags, each with its scalar type. "minp" is
+# min-p's cut in log space, ln(min_p) (params.log_cut; -inf = off): every kernel keeps
+# x - M >= it, as the twin does.
 _PARAMS = (("plen", int), ("temp", float), ("topk", int), ("topp", float), ("minp", float),
            ("rep", float), ("pres", float), ("freq", float), ("seed", int), ("off", int))
 
@@ -282,7 +284,7 @@ def _contrastive(logits, amateur_logits, cd_alpha, cd_beta, NT):
     cd = amateur_logits is not None
     if cd:
         am = amateur_logits if amateur_logits.stride(1) == 1 else amateur_logits.contiguous()
-        la_p, la_s, la_t = split_param(log_alpha(cd_alpha), logits)
+        la_p, la_s, la_t = split_param(log_cut(cd_alpha), logits)
         beta_p, beta_s, beta_t = split_param(cd_beta, logits)
         wc = _workspace((B, 2, NT), torch.float32, dev)
     else:
@@ -531,7 +533,8 @@ def _pure_possible(c):
     """Can a row of the call be pure temperature (_modes' rule without the launch kind)?"""
     P, V = c.p, c.logits.shape[1]
     return ((P["topk"].t or not 0 < P["topk"].s < V) and (P["topp"].t or P["topp"].s >= 1.0)
-            and (P["minp"].t or P["minp"].s <= 0.0) and (P["temp"].t or P["temp"].s > 0.0))
+            and (P["minp"].t or P["minp"].s == float("-inf"))
+            and (P["temp"].t or P["temp"].s > 0.0))
 
 
 def _launch_residual(c, sf, si, xs, q, d):
@@ -628,7 +631,7 @@ def _setup(logits, v, input_ids, prompt_lens, seed, offset, write_probs, cd, edi
     g = plan(plan_batch or B, V, slots=slots, **geom)
     cdargs, wc, cd_const = _contrastive(logits, amateur_logits, cd_alpha, cd_beta, g["NT"])
     p = _params((prompt_lens if prompt_lens is not None else 0, v["temperature"], v["top_k"],
-                 v["top_p"], v["min_p"], v["repetition_penalty"], v["presence_penalty"],
+                 v["top_p"], log_cut(v["min_p"]), v["repetition_penalty"], v["presence_penalty"],
                  v["frequency_penalty"], seed, offset), logits)
     direct = _direct_history(input_ids, g, has_rep, has_pf,
                              second or bands or write_probs or amateur_logits is not None)

@@ -9,7 +9,7 @@ partials did not prove) is finished by two launches after the merge:
     _finish_kernel   grid (B,)     reduces the block partials in block order: token, logprob
                                    (or Z_f for the distribution)
 
-Math per block t (x = fl(xp / T), M the row's max, kept = finite x >= HI with e^(x - M) >= min_p;
+Math per block t (x = fl(xp / T), M the row's max, kept = finite x >= HI with x - M >= ln min_p;
 HI = the row's min finite x here, i.e. every finite x):
     zf_t = sum_{kept} e^(x - M)       best_t = max_{kept} fl(fl(x - M) + G_i), lowest id on ties
 Then Z_f = sum_t zf_t (a fixed tree over block indices), token = the best_t's token with the
@@ -190,7 +190,7 @@ def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
 
 @triton.jit
 def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI,
-                  minp, la, beta, me, k0, k1, ks, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+                  lminp, la, beta, me, k0, k1, ks, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                   HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                   HAS_BIAS: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr):
     """Block t's draw partial over its kept tokens (module docstring); with SCREEN the draw
@@ -201,7 +201,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
     e = tl.exp(x - M)
-    kept = inb & (x >= HI) & (x > float("-inf")) & (e >= minp)
+    kept = inb & (x >= HI) & (x > float("-inf")) & (x - M >= lminp)
     a = _hash24(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)
     s_b = tl.full([], float("-inf"), tl.float32)
@@ -277,9 +277,9 @@ def _gather_program(
         T, rep, pres, freq, tdiv = _row_scale(
             temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
             TEMP_T, REP_T, PRES_T, FREQ_T)
-        minp = tl.zeros([], tl.float32)
+        lminp = tl.full([], float("-inf"), tl.float32)
         if HAS_MINP:
-            minp = _param(minp_ptr, minp_s, row, MINP_T)
+            lminp = _param(minp_ptr, minp_s, row, MINP_T)
         la = _param(la_ptr, la_s, row, LA_T)
         beta = _param(beta_ptr, beta_s, row, BETA_T)
         M = tl.load(rf_ptr + row * NR + R_M)
@@ -298,7 +298,7 @@ def _gather_program(
         qi = qi_ptr + row * NQI * NT
         for t in range(t0, t1):
             _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
-                          HI, minp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                          HI, lminp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
                           HAS_MASK, HAS_BIAS, CD, SCREEN)
 
 

@@ -335,8 +335,8 @@ def _stats_kernel(
     if PURE_OK:
         k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
         p = _param(topp_ptr, topp_s, row, TOPP_T)
-        minp = _param(minp_ptr, minp_s, row, MINP_T)
-        pure = _pure_row(T, k, p, minp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+        lminp = _param(minp_ptr, minp_s, row, MINP_T)
+        pure = _pure_row(T, k, p, lminp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
 
     t_end = tl.minimum(c * TPC + TPC, NT)
     # GREEDY (a scalar T = 0) compiles only the greedy loop; with GREEDY_ROWS (a tensor T) a

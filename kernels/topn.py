@@ -160,7 +160,7 @@ def _raw_logprobs(rs_ptr, row, NT, v, NT_P2: tl.constexpr):
 
 
 @triton.jit
-def _processed_logprobs(sf_ptr, si_ptr, row, v, ids, nsel, tdiv, minp):
+def _processed_logprobs(sf_ptr, si_ptr, row, v, ids, nsel, tdiv, lminp):
     """(ids, logprobs) under the distribution the row was sampled from: (x - M) - log Z_f on
     its kept set, in the sampler's arithmetic; a greedy row's argmax first (0.0); the rest, and
     every place of an invalid row, (-1, -inf)."""
@@ -173,7 +173,7 @@ def _processed_logprobs(sf_ptr, si_ptr, row, v, ids, nsel, tdiv, minp):
     valid = (flags & 1) != 0
     sampling = (flags & 2) != 0
     x = _tempered(v, tdiv, (flags & 4) != 0, xpmax)
-    keep = sampling & (ids >= 0) & (x >= tau) & (tl.exp(x - M) >= minp)
+    keep = sampling & (ids >= 0) & (x >= tau) & (x - M >= lminp)
     lp = tl.where(keep, (x - M) - tl.log(z_f), float("-inf"))
     out = tl.where(keep, ids, -1)
     first = tl.arange(0, nsel) == 0
@@ -211,10 +211,10 @@ def _top_n_kernel(
         lp = tl.where(bad, float("nan"), lp)
     else:
         T = _param(temp_ptr, temp_s, row, TEMP_T)
-        minp = tl.zeros([], tl.float32)
+        lminp = tl.full([], float("-inf"), tl.float32)
         if HAS_MINP:
-            minp = _param(minp_ptr, minp_s, row, MINP_T)
-        ids, lp = _processed_logprobs(sf_ptr, si_ptr, row, v, ids, NSEL, T, minp)
+            lminp = _param(minp_ptr, minp_s, row, MINP_T)
+        ids, lp = _processed_logprobs(sf_ptr, si_ptr, row, v, ids, NSEL, T, lminp)
     j = tl.arange(0, NSEL)
     tl.store(ids_ptr + row * N + j, ids.to(tl.int64), mask=j < N)
     tl.store(lp_ptr + row * N + j, lp, mask=j < N)
