@@ -96,9 +96,26 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
     N, V = logits.shape
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be an int in [1, V={V}], got {k!r}")
-    if candidates is not None and candidates.shape != logits.shape:
-        raise ValueError(f"candidates must have the shape of logits {tuple(logits.shape)}, got "
-                         f"{tuple(candidates.shape)}")
+    if backend not in params.BACKENDS:
+        raise ValueError(f"backend must be one of {params.BACKENDS}, got {backend!r}")
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be a bool, got {normalize!r}")
+    if candidates is not None and (not isinstance(candidates, torch.Tensor)
+                                   or candidates.shape != logits.shape
+                                   or not candidates.dtype.is_floating_point
+                                   or candidates.device != logits.device):
+        raise ValueError(f"candidates must be a float tensor of the shape of logits "
+                         f"{tuple(logits.shape)} on {logits.device}, got "
+                         f"{getattr(candidates, 'dtype', type(candidates).__name__)} "
+                         f"{tuple(getattr(candidates, 'shape', ()))}")
+    # The kernel reads input_ids [N, L] and seed [N] by row: both are checked here (the
+    # kernel's docstring relies on it), so that both backends take or refuse the same values.
+    input_ids = params.check_history(input_ids, N, V, logits.device, True)
+    if seed is not None:
+        seed = params.normalise_param("seed", seed, N, V, logits.device, False)
+        if not isinstance(seed, torch.Tensor):
+            seed = torch.full((N,), seed, dtype=torch.int64, device=logits.device)
+    offset = params.int64_seed(offset, "offset")  # one offset for every row (the kernel's)
     for name, v in (("repetition_penalty", repetition_penalty), ("temperature", temperature)):
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")):
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")

@@ -31,6 +31,7 @@ elementwise round).
 import dataclasses
 import enum
 import math
+import numbers
 from typing import List, NamedTuple, Optional
 
 import torch
@@ -55,9 +56,10 @@ stats = dict(bytes_sent=0, collectives=0, escalations=0, full_rows=0)
 # gets its own column.
 _Meta = enum.IntEnum("_Meta", ["error", "B", "vocab_size", "vocab_start", "n_real", "V_local",
                                "history_width", "check", "draw_seeds", *params.SAMPLING_NAMES,
-                               "input_ids", "prompt_lens", "seed", "offset"], start=0)
+                               "input_ids", "prompt_lens", "seed", "offset", "top_logprobs",
+                               "logprobs_mode", "allowed_mask", "logit_bias"], start=0)
 # Wider than _Meta (two spare columns): the row's size is part of what every call sends.
-_META_WIDTH = 22
+_META_WIDTH = 26
 assert len(_Meta) <= _META_WIDTH
 # Columns that describe the rank's own shard; every other column must agree across ranks.
 _PER_RANK = (_Meta.error, _Meta.vocab_start, _Meta.n_real, _Meta.V_local)
@@ -133,6 +135,12 @@ def _fingerprint(v):
     return hash(v) & ((1 << 62) - 1)
 
 
+def _shard_int(v):
+    """A numpy integer scalar as a Python int, as sample() takes them (_validate_local checks
+    the result); anything else unchanged."""
+    return int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+
+
 def _validate_local(local_logits, vocab_start, vocab_size, values, input_ids, prompt_lens,
                     generator, seed, offset, check, backend):
     """The checks of ``params.normalise`` plus the shard arguments; raises ValueError."""
@@ -143,6 +151,7 @@ def _validate_local(local_logits, vocab_start, vocab_size, values, input_ids, pr
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     if vocab_start < 0:
         raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
+    params.check_logits(local_logits, backend, name="local_logits")  # errors name it as such
     # top_k >= V keeps all and history ids must be < V: both against the *global* vocabulary.
     p, _, prompt_lens, seed, offset = params.normalise(
         local_logits, values, input_ids, prompt_lens, generator, seed, offset, check, backend,
@@ -261,11 +270,12 @@ def _widen(cv, ci, K):
 
 
 def _z_interval(z_est, M, V):
-    """fp32 bounds on the twin's full-row mass exp(logsumexp(x) - M), from an estimate.
+    """fp32 bounds on the twin's full-row mass (the fp32 sum of exp(x - M)), from an estimate.
 
-    The twin rounds lse = M + log(Z) to fp32 (half an ulp of |lse|) after an fp32 cascade sum
-    (a few eps, growing with log2 V); measured errors (V up to 151936, |M| up to 440, 2-4
-    shards) stay under half of ulp(|lse|) + 4 eps (1 + log2(V) / 4). The bounds take twice that.
+    Sized when the twin took exp(logsumexp(x) - M): its fp32 lse rounding (half an ulp of
+    |lse|) plus the cascade sum's few eps (growing with log2 V), twice the measured errors (V up
+    to 151936, |M| up to 440, 2-4 shards). The direct sum errs by the cascade term alone, so the
+    bounds hold with room; a wider interval only gathers more rows in full.
     """
     lse = (M.double() + torch.log(z_est)).abs().clamp_min(1e-30)
     ulp = torch.exp2(torch.floor(torch.log2(lse)) - 23)
@@ -408,7 +418,9 @@ def _unpack_row_stats(st):
     """[W, B, _ROW_WIDTH] -> (max [W, B], argmax [W, B] int64, exp sum [W, B], rank 0's seeds)."""
     return (_bits_f32(st[:, :, _Row.MAX]), st[:, :, _Row.ARGMAX].to(torch.int64),
             _bits_f32(st[:, :, _Row.EXP_SUM]),
-            st[0, :, _Row.SEED:].contiguous().view(torch.int64).squeeze(1))
+            # a copy of its own: with B == 1 the slice counts as contiguous, so .contiguous()
+            # keeps its odd storage offset and .view(int64) raised RuntimeError
+            st[0, :, _Row.SEED:].reshape(-1).clone().view(torch.int64))
 
 
 def _full_rows(shard, rows, comm):
@@ -515,7 +527,9 @@ def _sampling_rows(loc, rs, V):
     B, C = rs.cv.shape
     dev = rs.cv.device
     M = _divide(rs.gmx[:, None], tdiv)[:, 0]
-    overflow = (M == float("inf")) & loc.valid & ~loc.greedy & ~rs.nanrow
+    # x / T overflowed to +inf, or to -inf while the max logit is finite (the twin's
+    # _overflow_rows: tiny T on a row whose logits are all negative): the argmax tie group
+    overflow = M.isinf() & (rs.gmx > _NEG) & loc.valid & ~loc.greedy & ~rs.nanrow
     M = torch.where(overflow, 0.0, M)
     sampling = (M > _NEG) & loc.valid & ~loc.greedy & ~rs.nanrow
     tdiv_c = tdiv
@@ -573,13 +587,15 @@ def _filter_window(st, vk):
 
 
 def _full_row_round(st, r, comm):
-    """The exact full-row mass of rows `r`, from their gathered rows: the twin's logsumexp."""
+    """The exact full-row mass of rows `r`, from their gathered rows: the twin's fp32 sum."""
     full = _full_rows(st.shard, r, comm)
     stats["full_rows"] += r.numel()
     rr = torch.cat([r, r[:1]]) if r.numel() == 1 else r
     fr = torch.cat([full, full[:1]]) if r.numel() == 1 else full
-    lse = torch.logsumexp(_divide(fr, _sub(st.tdiv, rr)), 1)
-    st.z_exact[r] = torch.exp(lse - st.M[rr])[:r.numel()]
+    # the twin's full-row mass is the fp32 sum of exp(x / T - M) (reference._filter's z_full,
+    # since 34ddc60), not exp(logsumexp(x / T) - M): replay that sum
+    z = torch.exp(_divide(fr, _sub(st.tdiv, rr)) - st.M[rr][:, None]).sum(1)
+    st.z_exact[r] = z[:r.numel()]
     st.exact[r] = True
 
 
@@ -773,7 +789,8 @@ def _pipeline(local_logits, table, rank, vocab_start, V, p, input_ids, prompt_le
 
 
 def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt_lens,
-         generator, seed, offset, check, backend, want_draw, edit_args=(None, None)):
+         generator, seed, offset, check, backend, want_draw, edit_args=(None, None),
+         top=(None, "raw")):
     group = group if group is not None else dist.group.WORLD
     comm = _Comm(group, _comm_device(group, local_logits))
     rank = dist.get_rank(group)
@@ -786,6 +803,16 @@ def _run(local_logits, vocab_start, vocab_size, group, values, input_ids, prompt
         draw_seeds = want_draw and seed is None and params.needs_random(p.temperature)
         meta = _fingerprints(local_logits, vocab_start, vocab_size, p, input_ids, prompt_lens,
                              seed, offset, check, draw_seeds, want_draw)
+        # top_logprobs decides which collectives follow the draw: validated and agreed here,
+        # like every other argument, so that a bad or differing value raises on every rank
+        n_top = params.check_top_n(*top)
+        meta[_Meta.top_logprobs] = -1 if n_top is None else n_top
+        meta[_Meta.logprobs_mode] = -1 if n_top is None else params.LOGPROBS_MODES.index(top[1])
+        # the edits are global-vocabulary arguments each rank applies its part of: agreed too
+        mask, bias = edit_args
+        meta[_Meta.allowed_mask] = _fingerprint(mask)
+        meta[_Meta.logit_bias] = 7 if bias is None else (
+            (_fingerprint(bias[0]) * 3 + _fingerprint(bias[1])) & ((1 << 62) - 1))
     except ValueError as exc:
         err = exc
     table = _agree(comm, err, meta)
@@ -820,7 +847,9 @@ def _raw_logprobs(local_logits, vocab_start, vocab_size, comm):
     g = _gather(torch.stack([m, s]), comm)                     # [W, 2, B]
     M = _finite_or_zero(g[:, 0].max(0).values)
     S = (g[:, 1] * torch.exp(g[:, 0] - M)).sum(0)
-    return (x - M[:, None]) - torch.log(S)[:, None]
+    # a row with no finite logit has S = 0: every place is (-1, -inf), as sample()'s raw top-N
+    # (without this, -inf - log(0) is NaN and the NaN scores keep real-looking ids)
+    return torch.where((S > 0)[:, None], (x - M[:, None]) - torch.log(S)[:, None], _NEG)
 
 
 def _finite_or_zero(t):
@@ -895,21 +924,30 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         shard = full[:, r * 500:(r + 1) * 500]
         tok = gsd.sample(shard, vocab_start=r * 500, vocab_size=V, top_k=50, seed=1)
     """
+    vocab_start, vocab_size = _shard_int(vocab_start), _shard_int(vocab_size)
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)
-    n_top = params.check_top_n(top_logprobs, logprobs_mode)
     tok, logp, extra = _run(local_logits, vocab_start, vocab_size, group, values,
                             input_ids, prompt_lens, generator, seed, offset, check, backend, True,
-                            (allowed_mask, logit_bias))
+                            (allowed_mask, logit_bias), (top_logprobs, logprobs_mode))
+    n_top = params.check_top_n(top_logprobs, logprobs_mode)  # validated and agreed by _run
     if check and extra is not None:
         _raise_invalid(extra[1], extra[2], "sample")
     if n_top is None:
         return (tok, logp) if return_logprobs else tok
+    if local_logits.shape[0] == 0:  # B was agreed in _run: every rank returns here
+        return SampleOutput(tok, logp, *_no_top(n_top, tok.device))
     top = _top_logprobs(local_logits, vocab_start, vocab_size, group, n_top, logprobs_mode,
                         dict(values, input_ids=input_ids, prompt_lens=prompt_lens,
                              backend=backend, allowed_mask=allowed_mask, logit_bias=logit_bias))
     return SampleOutput(tok, logp, *top)
+
+
+def _no_top(n, device):
+    """sample()'s top-N of an empty batch: ids int64 [0, n], logprobs float32 [0, n]."""
+    return (torch.full((0, n), -1, dtype=torch.int64, device=device),
+            torch.full((0, n), _NEG, device=device))
 
 
 def _top_logprobs(local_logits, vocab_start, vocab_size, group, n, mode, dist_kw):
@@ -945,6 +983,7 @@ def sampling_distribution(local_logits, *, vocab_start, vocab_size, group=None, 
                           logit_bias=None):
     """This rank's [B, V_local] float32 slice of ``gpu_sampler.sampling_distribution`` of the
     concatenated logits (padding columns are 0). Collective; arguments as ``sample``."""
+    vocab_start, vocab_size = _shard_int(vocab_start), _shard_int(vocab_size)
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty)

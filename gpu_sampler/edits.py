@@ -35,6 +35,11 @@ def pack_mask(allowed):
         >>> gpu_sampler.pack_mask(torch.tensor([[True, False, True]])).tolist()
         [[5]]
     """
+    if not isinstance(allowed, torch.Tensor) or allowed.dim() != 2 \
+            or allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be a bool tensor [B, V], got "
+                         f"{getattr(allowed, 'dtype', type(allowed).__name__)} "
+                         f"{tuple(getattr(allowed, 'shape', ()))}")
     B, V = allowed.shape
     words = (V + 31) // 32
     bits = torch.zeros(B, words * 32, dtype=torch.int64, device=allowed.device)

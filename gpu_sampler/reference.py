@@ -41,13 +41,15 @@ def col(v):
 
 
 def apply_penalties(x, ids, plen, rp, pres, freq, has_rep, has_pf):
-    """In-place penalties on the fp32 copy x [B, V], touching only the [B, L] history ids."""
+    """In-place penalties on the fp32 copy x [B, V], touching only the [B, L] history ids.
+    Ids < 0 are padding; so are ids >= V (only check=False lets them through), as the kernel's
+    history pre-step (kernels/history.py) and the vocab-parallel shards treat them."""
     B, V = x.shape
     L = ids.shape[1]
-    if bool(ids.min() >= 0):
+    if bool(ids.min() >= 0) and bool(ids.max() < V):
         idx, valid, any_valid = ids, None, None
     else:
-        valid = ids >= 0
+        valid = (ids >= 0) & (ids < V)
         any_valid = valid.any(1)
         # Padding slots borrow a valid id of their row, so every scatter target of a row gets
         # the same value (scatter with duplicate indices is only deterministic when they agree).

@@ -85,6 +85,12 @@ class Sampler:
     """
 
     def __init__(self, max_batch, vocab, device="cpu", dtype=torch.float32):
+        for name, v in (("max_batch", max_batch), ("vocab", vocab)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if dtype not in params.FLOAT_DTYPES:
+            raise ValueError(f"dtype must be one of {params.FLOAT_DTYPES} (the logits' dtype), "
+                             f"got {dtype!r}")
         self.max_batch, self.vocab = max_batch, vocab
         self.device, self.dtype = torch.device(device), dtype
         self.tokens = torch.empty(max_batch, dtype=torch.int64, device=self.device)
@@ -105,6 +111,10 @@ class Sampler:
                              f"{logits.dtype} on {logits.device}")
         if B > slots.max_batch:
             raise ValueError(f"slots hold {slots.max_batch} rows, the logits have {B}")
+        clash = sorted(set(request_kw) & {*params.SAMPLING_NAMES, "seed", "offset", "generator"})
+        if clash:
+            raise ValueError(f"{', '.join(clash)}: per-request values live in the slots "
+                             "(SamplingSlots.set_row), not in the call")
         out = sample(logits, input_ids=input_ids, prompt_lens=prompt_lens, check=check,
                      backend=backend, return_logprobs=True, **slots.rows(B), **request_kw)
         tok, logp = out[0], out[1]

@@ -359,6 +359,7 @@ def speculative_sample(target_logits, draft_tokens, draft_probs=None, *, tempera
                        seed, offset, generator, return_logprobs, backend)
     _check_shapes(target_logits, draft_tokens, draft_probs)
     B, K1, V = target_logits.shape
+    params.check_logits(target_logits[:, 0], backend, name="target_logits")  # its own name
     p, input_ids, prompt_lens, seed, offset = params.normalise(
         target_logits[:, 0], values, input_ids, prompt_lens, generator, seed, offset, check,
         backend)

@@ -400,6 +400,61 @@ def check_top_logprobs(rank, world, pad=2):
         _gs(sh, vocab_start=start, vocab_size=V, seed=0, top_logprobs=65)
 
 
+def check_fuzzed(rank, world):
+    """What a fuzzer of the vocab-parallel form found (world 2, halves): each case against
+    sample() / sampling_distribution() of the concatenated logits."""
+    half = lambda x: (x[:, rank * (x.shape[1] // 2):(rank + 1) * (x.shape[1] // 2)],  # noqa: E731
+                      rank * (x.shape[1] // 2))
+    # B = 1 raised RuntimeError (a one-row slice of the seeds kept an odd storage offset)
+    x = torch.zeros(1, 10)
+    x[0, 7] = 5.0
+    sh, s = half(x)
+    assert _gs(sh, vocab_start=s, vocab_size=10, temperature=0.0).tolist() == [7]
+    # top-p on the full-row mass: the ranks replayed exp(logsumexp - M), the twin sums exp(x - M)
+    x = torch.randn(2, 20000, generator=torch.Generator().manual_seed(0)) * 1.7
+    sh, s = half(x)
+    kw = dict(top_p=0.504864513874054)
+    ref = gpu_sampler.sampling_distribution(x, backend="torch", **kw)
+    assert torch.equal(_gd(sh, vocab_start=s, vocab_size=20000, **kw), ref[:, s:s + 10000])
+    a = gpu_sampler.sample(x, backend="torch", seed=0, return_logprobs=True, **kw)
+    b = _gs(sh, vocab_start=s, vocab_size=20000, seed=0, return_logprobs=True, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    # raw top-N of a row with no finite logit: (-1, -inf), not NaN scores with real ids
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], [float("-inf")] * 8])
+    sh, s = half(x)
+    kw = dict(top_logprobs=3, logprobs_mode="raw", check=False, seed=0)
+    a, b = gpu_sampler.sample(x, backend="torch", **kw), _gs(sh, vocab_start=s, vocab_size=8, **kw)
+    assert b.top_ids[1].tolist() == a.top_ids[1].tolist() == [-1] * 3
+    assert torch.equal(b.top_logprobs[1], a.top_logprobs[1])
+    # x / T overflowing to -inf on an all-negative row keeps the argmax, as sample()
+    x = torch.tensor([[-1.0, -2.0, -3.0, -0.5], [1.0, 2.0, 3.0, 0.5]])
+    sh, s = half(x)
+    kw = dict(temperature=1e-40, seed=0, return_logprobs=True)
+    a, b = gpu_sampler.sample(x, backend="torch", **kw), _gs(sh, vocab_start=s, vocab_size=4, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    # an empty batch with top_logprobs: empty [0, n] results
+    for mode in ("raw", "processed"):
+        b = _gs(torch.zeros(0, 4), vocab_start=4 * rank, vocab_size=8, seed=0, top_logprobs=3,
+                logprobs_mode=mode)
+        assert b.top_ids.shape == (0, 3) and b.top_logprobs.dtype == torch.float32
+    # top_logprobs and the edits are agreed like every argument: bad or differing values
+    # raise on every rank (a bad top_logprobs on one rank left the others waiting)
+    sh, s = half(torch.zeros(2, 8))
+    bias = (torch.tensor([[6], [6]]), torch.tensor([[100.0], [100.0]]))
+    for kw, msg in ((dict(top_logprobs=65 if rank == 1 else 5), "top_logprobs"),
+                    (dict(top_logprobs=5 if rank == 0 else None), "top_logprobs"),
+                    (dict(top_logprobs=3, logprobs_mode="raw" if rank == 0 else "processed"),
+                     "logprobs_mode"),
+                    (dict(logit_bias=bias if rank == 0 else None), "logit_bias")):
+        with pytest.raises(ValueError, match=msg):
+            _gs(sh, vocab_start=s, vocab_size=8, seed=0, **kw)
+    # numpy ints for the shard bounds (sample() takes them); errors name local_logits
+    import numpy as np
+    assert _gs(sh, vocab_start=np.int64(s), vocab_size=np.int32(8), seed=0).shape == (2,)
+    with pytest.raises(ValueError, match="local_logits"):
+        _gs(sh.double(), vocab_start=s, vocab_size=8)
+
+
 def check_tp_example(rank, world):
     spec = importlib.util.spec_from_file_location("tp_generate",
                                                   _ROOT / "examples" / "tp_generate.py")
@@ -423,12 +478,12 @@ CHECKS = {f.__name__[6:]: f for f in (check_mixes, check_mixes_padded, check_mix
                                        check_fallbacks,
                                        check_nan_and_dead_rows, check_bad_arguments,
                                        check_generator_and_overflow, check_tp_example,
-                                       check_edits, check_top_logprobs)}
+                                       check_edits, check_top_logprobs, check_fuzzed)}
 
 
 # ---------------------------------------------------------------- tests
 
-_PLAN = [(2, "mixes_padded"), (2, "generator_and_overflow"), (2, "tp_example"),
+_PLAN = [(2, "mixes_padded"), (2, "generator_and_overflow"), (2, "tp_example"), (2, "fuzzed"),
          (3, "mixes"), (3, "fallbacks"), (3, "nan_and_dead_rows"), (3, "bad_arguments"),
          (3, "edits"), (3, "top_logprobs"),
          (4, "mixes_light"), (4, "bad_arguments")]
@@ -446,6 +501,10 @@ def _assert_ok(results, n, names):
 
 def test_two_ranks_padded_vocab_generator_overflow_tp_example(results):
     _assert_ok(results, 2, ["mixes_padded", "generator_and_overflow", "tp_example"])
+
+
+def test_two_ranks_what_a_fuzzer_found(results):
+    _assert_ok(results, 2, ["fuzzed"])
 
 
 def test_three_uneven_ranks_fallbacks_errors(results):
