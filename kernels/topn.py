@@ -173,7 +173,8 @@ def _processed_logprobs(sf_ptr, si_ptr, row, v, ids, nsel, tdiv, lminp):
     valid = (flags & 1) != 0
     sampling = (flags & 2) != 0
     x = _tempered(v, tdiv, (flags & 4) != 0, xpmax)
-    keep = sampling & (ids >= 0) & (x >= tau) & (x - M >= lminp)
+    # a -inf token is never kept (no mass; tau and the min-p cut can both be -inf)
+    keep = sampling & (ids >= 0) & (x > float("-inf")) & (x >= tau) & (x - M >= lminp)
     lp = tl.where(keep, (x - M) - tl.log(z_f), float("-inf"))
     out = tl.where(keep, ids, -1)
     first = tl.arange(0, nsel) == 0

@@ -166,3 +166,19 @@ def test_signed_zeros_tie_to_the_lower_id(mode):
     want = sample(x, top_logprobs=3, logprobs_mode=mode, seed=1, backend="torch")
     assert got.top_ids.tolist() == [[0, 1, 2], [1, 2, 3]]
     _same((got.top_ids, got.top_logprobs), (want.top_ids, want.top_logprobs))
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, min_p=0.0),
+                                dict(temperature=1.0, top_p=1.0), dict(temperature=1.0, top_k=5)])
+def test_processed_places_past_the_finite_tokens_are_minus_one(kw):
+    """A row with fewer finite tokens than N: its -inf tokens are never kept (-1, -inf), as the
+    twin. With no threshold (tau = -inf) and the min-p cut at -inf, they passed x >= tau and
+    the cut, and came back with real ids and logprob -inf (found by fuzzing)."""
+    from gpu_sampler import sample
+    x = torch.full((2, 63), float("-inf"))
+    x[0, 9] = 1.0
+    x[1, [31, 32]] = torch.tensor([0.5, 0.2])
+    got = sample(x, top_logprobs=3, logprobs_mode="processed", seed=1, backend="triton", **kw)
+    want = sample(x, top_logprobs=3, logprobs_mode="processed", seed=1, backend="torch", **kw)
+    assert got.top_ids.tolist() == [[9, -1, -1], [31, 32, -1]]
+    _same((got.top_ids, got.top_logprobs), (want.top_ids, want.top_logprobs))
