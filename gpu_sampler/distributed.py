@@ -856,19 +856,48 @@ def _finite_or_zero(t):
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
 
-def _merged_top_n(scores, vocab_start, vocab_size, n, comm):
-    """(global ids int64 [B, n], values float32 [B, n]) of the n best scores over all ranks,
-    value desc then id asc (sample()'s order); missing places are (-1, -inf)."""
+def _merged_top_n(scores, vocab_start, vocab_size, n, comm, keys=None):
+    """(global ids int64 [B, n], values float32 [B, n]) of the n best over all ranks, ordered by
+    ``keys`` (default: the scores) desc then id asc (sample()'s order: it ranks raw top-N by
+    the logit and processed top-N by the penalised logit, not by the rounded logprob, so
+    distinct logits with equal logprobs keep their order); missing places are (-1, -inf)."""
     B, width = scores.shape
     real = max(min(width, vocab_size - vocab_start), 0)
-    ids, vals = rng.top_n(scores[:, :real], n)
+    keys = scores if keys is None else keys
+    ids, kv = rng.top_n(keys[:, :real], n)
+    vals = kv if keys is scores or real == 0 else torch.where(
+        ids >= 0, scores[:, :real].gather(1, ids.clamp_min(0)), float("-inf"))
     # padding places get an id past every real one, so they sort after real ties
     ids = torch.where(ids >= 0, ids + vocab_start, vocab_size)
     all_ids = _gather(ids, comm).permute(1, 0, 2).reshape(B, -1)
+    all_keys = _gather(kv, comm).permute(1, 0, 2).reshape(B, -1)
     all_vals = _gather(vals, comm).permute(1, 0, 2).reshape(B, -1)
-    vals, ids = rng.order_by_key(all_vals, all_ids)
-    ids, vals = ids[:, :n], vals[:, :n]
+    all_ids, pos = all_ids.sort(dim=-1)  # rng.order_by_key, carrying the values along
+    all_keys, all_vals = all_keys.gather(1, pos), all_vals.gather(1, pos)
+    order = torch.sort(all_keys, dim=-1, descending=True, stable=True).indices[:, :n]
+    ids, vals = all_ids.gather(1, order), all_vals.gather(1, order)
     return ids.masked_fill(ids >= vocab_size, -1), vals
+
+
+def _top_keys(local_logits, vocab_start, vocab_size, mode, probs, dist_kw):
+    """float32 [B, width]: what sample() ranks top-N by. Raw: the logits (fp32); processed: the
+    penalised logits of the kept tokens (-inf elsewhere)."""
+    x = local_logits.to(_F32)
+    if mode == "raw":
+        return x
+    kw = dict(dist_kw)
+    edit_args = (kw.pop("allowed_mask"), kw.pop("logit_bias"))
+    input_ids, prompt_lens = kw.pop("input_ids"), kw.pop("prompt_lens")
+    backend = kw.pop("backend")
+    p, _, prompt_lens, _, _ = params.normalise(local_logits, kw, input_ids, prompt_lens,
+                                               check=False, backend=backend,
+                                               vocab_size=vocab_size)
+    n_real = max(0, min(local_logits.shape[1], vocab_size - vocab_start))
+    edited = _edited_shard(local_logits, vocab_start, vocab_size, edit_args, False)
+    xp = _penalised_shard(edited, n_real, vocab_start, p, input_ids, prompt_lens)
+    keys = torch.full_like(x, _NEG)
+    keys[:, :n_real] = torch.where(probs[:, :n_real] > 0, xp, _NEG)
+    return keys
 
 
 def _raise_invalid(valid, nanrow, what):
@@ -955,12 +984,16 @@ def _top_logprobs(local_logits, vocab_start, vocab_size, group, n, mode, dist_kw
     group = group if group is not None else dist.group.WORLD
     comm = _Comm(group, _comm_device(group, local_logits))
     if mode == "raw":
+        probs = None
         scores = _raw_logprobs(local_logits, vocab_start, vocab_size, comm)
     else:
-        scores = torch.log(sampling_distribution(
-            local_logits, vocab_start=vocab_start, vocab_size=vocab_size, group=group,
-            check=False, **dist_kw))
-    ids, vals = _merged_top_n(scores, vocab_start, vocab_size, n, comm)
+        probs = sampling_distribution(local_logits, vocab_start=vocab_start,
+                                      vocab_size=vocab_size, group=group, check=False,
+                                      **dist_kw)
+        scores = torch.log(probs)
+    keys = _top_keys(local_logits, vocab_start, vocab_size, mode, probs, dist_kw)
+    ids, vals = _merged_top_n(scores, vocab_start, vocab_size, n, comm,
+                              keys=torch.where(scores > _NEG, keys, _NEG))
     ids = ids.masked_fill(vals == float("-inf"), -1)  # nothing past the kept / finite tokens
     if mode == "raw":  # a row with a NaN or +inf logit is (-1, NaN)
         bad = _gather(_nonfinite_rows(local_logits, vocab_start, vocab_size), comm).amax(0)

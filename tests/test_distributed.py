@@ -448,8 +448,18 @@ def check_fuzzed(rank, world):
                     (dict(logit_bias=bias if rank == 0 else None), "logit_bias")):
         with pytest.raises(ValueError, match=msg):
             _gs(sh, vocab_start=s, vocab_size=8, seed=0, **kw)
+    # top-N places whose logprobs round equal keep sample()'s order: the (penalised) logit
+    for x, kw in ((torch.tensor([[1.0, 2.0, 3.0, 4.0]] * 2),
+                   dict(temperature=1e30, top_logprobs=2, logprobs_mode="processed")),
+                  (torch.tensor([[0.0, 4e-7, 30.0, -5.0]] * 2),
+                   dict(top_logprobs=3, logprobs_mode="raw"))):
+        sh, s = half(x)
+        a = gpu_sampler.sample(x, backend="torch", seed=0, **kw)
+        b = _gs(sh, vocab_start=s, vocab_size=4, seed=0, **kw)
+        assert torch.equal(a.top_ids, b.top_ids) and torch.equal(a.top_logprobs, b.top_logprobs)
     # numpy ints for the shard bounds (sample() takes them); errors name local_logits
     import numpy as np
+    sh, s = half(torch.zeros(2, 8))
     assert _gs(sh, vocab_start=np.int64(s), vocab_size=np.int32(8), seed=0).shape == (2,)
     with pytest.raises(ValueError, match="local_logits"):
         _gs(sh.double(), vocab_start=s, vocab_size=8)
