@@ -147,7 +147,11 @@ def unfenced_list_reads(ptx):
     """(file, line) of each ld.global of a list (LIST_PTRS) that follows, in the PTX's order, a
     st.global to a list with no bar.sync between. Text order stands in for program order: a
     list is filled by one loop and read by later ones."""
-    files = {i: p for i, p in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)
+    # the source beside this module, not the PTX's path: Triton's cache keys on the source, so
+    # a cached PTX may name another checkout's copy of the same file (since moved or removed)
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = {i: os.path.join(here, os.path.basename(p))
+             for i, p in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)
              if os.path.basename(p) in LIST_FILES}
     stores = {i: _list_lines(p, "store") for i, p in files.items()}
     loads = {i: _list_lines(p, "load") for i, p in files.items()}

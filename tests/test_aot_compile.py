@@ -47,3 +47,7 @@ def test_unfenced_list_read_is_found():
             'ld.global.b32 %r2, [%rd2];', f'.file 1 "{path}"']
     assert aot.unfenced_list_reads("\n".join(body)) == [("band.py", ld)]
     assert aot.unfenced_list_reads("\n".join(body[:2] + ["bar.sync 0;"] + body[2:])) == []
+    # a cached PTX may name another checkout's copy (Triton's cache keys on the source): the
+    # check reads the file beside aot.py (a removed worktree's path raised FileNotFoundError)
+    body[-1] = '.file 1 "/gone/checkout/gpu_sampler/kernels/band.py"'
+    assert aot.unfenced_list_reads("\n".join(body)) == [("band.py", ld)]
