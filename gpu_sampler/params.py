@@ -246,6 +246,17 @@ def _tensor(name, value, B, V, device, check):
     return value
 
 
+def accepts(name, value):
+    """Whether the Python number ``value`` passes ``name``'s numeric policy (``sample()`` takes
+    it): callers that may hand a value elsewhere (generate() leaves transformers' own
+    processor in torch for a repetition_penalty of inf) ask here instead of catching."""
+    try:
+        _scalar(name, value, 1, 1)
+    except ValueError:
+        return False
+    return True
+
+
 def normalise_param(name, value, B, V, device, check):
     """One parameter: a Python number (float32-exact for float parameters) or a contiguous
     (B,) tensor (float32, or int64 for integer ones); ValueError naming it otherwise."""

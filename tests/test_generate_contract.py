@@ -101,3 +101,22 @@ def test_both_cache_names_use_cache_with_a_warning(model):
                        cache=DynamicCache(config=model.config), **kw)
     assert torch.equal(out, ref)
     assert any("cache" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(repetition_penalty=float("inf")), dict(repetition_penalty=float("inf"), num_beams=2),
+    dict(repetition_penalty=1e39), dict(max_new_tokens=2.5),
+    dict(max_new_tokens=None, max_length=6.5)],
+    ids=["rep-inf", "rep-inf-beam", "rep-past-float32", "max-new-2.5", "max-length-6.5"])
+def test_values_transformers_runs_that_sample_refuses(model, kw):
+    """transformers runs repetition_penalty=inf (a logit below 0 becomes -inf, above 0 becomes
+    0) and a fractional max_new_tokens (it stops once the length reaches it). sample()'s numeric
+    policy refuses the first, so transformers' processor stays in torch; the loops sized their
+    buffers with the second (ValueError and TypeError here: a patched model broke calls that
+    ran)."""
+    kw = dict(dict(max_new_tokens=5, do_sample=False), **kw)
+    ref = model.generate(IDS, **kw)
+    out = generate(model, IDS, **kw)
+    assert torch.equal(out, ref)
+    if "max_new_tokens" in kw and kw["max_new_tokens"] == 2.5:
+        assert out.shape[1] == 3 + 3

@@ -51,11 +51,13 @@ def _plan(procs, user, do_sample):
     for p in procs:
         if is_in(p, user):
             return None, None
-        if type(p) is lp.RepetitionPenaltyLogitsProcessor:
+        if type(p) is lp.RepetitionPenaltyLogitsProcessor and params.accepts(
+                "repetition_penalty", p.penalty):
             fused["repetition_penalty"] = float(p.penalty)
         elif isinstance(p, MASKS):
             masks.append(p)
-        elif do_sample and type(p) is lp.TemperatureLogitsWarper:
+        elif do_sample and type(p) is lp.TemperatureLogitsWarper and params.accepts(
+                "temperature", p.temperature):
             fused["temperature"] = float(p.temperature)
         else:
             return None, None

@@ -1,4 +1,6 @@
 """Pieces that transformers' decode loops here share: generate() and beam search."""
+import math
+
 import torch
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
@@ -25,6 +27,16 @@ def device_eos(crit, user_sc):
     built = [c.eos_token_id for c in crit
              if isinstance(c, sc.EosTokenCriteria) and not is_in(c, user_sc)]
     return built[0] if built else None
+
+
+def whole_max_length(gc):
+    """gc with an integer max_length. transformers stops once the length reaches it
+    (MaxLengthCriteria: cur_len >= max_length), so max_new_tokens=2.5 makes 3 tokens there;
+    the loops size their buffers in tokens, so they take the ceiling, which stops at the same
+    step."""
+    if isinstance(gc.max_length, float) and math.isfinite(gc.max_length):
+        gc.max_length = math.ceil(gc.max_length)
+    return gc
 
 
 def prompt_history_mask(mask, width):

@@ -18,7 +18,7 @@ from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
 from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
-                     take_passed_cache)
+                     take_passed_cache, whole_max_length)
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
@@ -230,6 +230,7 @@ def prepare_inputs(model, resolved, inputs):
                                          input_name, inputs_tensor=inputs_tensor,
                                          input_ids_length=L0)
     model._validate_generated_length(gc, L0, resolved.has_default_max)
+    gc = whole_max_length(gc)
     cache = _passed_cache(gc, mk)
     embeds = mk.pop("inputs_embeds", None)
     mask = mk.pop("attention_mask")

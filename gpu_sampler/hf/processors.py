@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 from transformers.generation import logits_process as lp
 
+from .. import params
 from ..edits import apply_edits, prepare_edits
 from .common import MASKS, Unsupported, is_in
 
@@ -215,11 +216,16 @@ def _bad_words(p):
 
 def _pure(head, user):
     """True when everything before the fused warpers is a -inf mask, the repetition penalty
-    or a mappable sequence_bias: then the penalty is fused and the single-token edits move
-    into sample()."""
+    (with a value sample() takes: transformers also runs inf, which stays in torch) or a
+    mappable sequence_bias: then the penalty is fused and the single-token edits move into
+    sample()."""
     return all(isinstance(p, MASKS) or (not is_in(p, user) and (
-        type(p) is lp.RepetitionPenaltyLogitsProcessor or _single_bias(p) is not None))
-        for p in head)
+        _fusable_penalty(p) or _single_bias(p) is not None)) for p in head)
+
+
+def _fusable_penalty(p):
+    return type(p) is lp.RepetitionPenaltyLogitsProcessor and params.accepts(
+        "repetition_penalty", p.penalty)
 
 
 def _as_edits(head, user):
@@ -256,7 +262,8 @@ def _fused_warpers(procs, user, do_sample):
     while cut > 0 and do_sample:
         p = procs[cut - 1]
         r = next((i for i, (c, _) in enumerate(WARPERS) if type(p) is c), None)
-        if r is None or r >= rank or is_in(p, user) or getattr(p, "min_tokens_to_keep", 1) != 1:
+        if r is None or r >= rank or is_in(p, user) or getattr(p, "min_tokens_to_keep", 1) != 1 \
+                or not params.accepts(WARPERS[r][1], getattr(p, WARPERS[r][1])):
             break
         fused[WARPERS[r][1]] = getattr(p, WARPERS[r][1])
         rank, cut = r, cut - 1

@@ -50,7 +50,7 @@ from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
 from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
-                     prompt_history_mask, take_passed_cache)
+                     prompt_history_mask, take_passed_cache, whole_max_length)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
@@ -335,6 +335,7 @@ def _prepare_decoder_inputs(model, run, inputs):
                                          input_name, inputs_tensor=inputs_tensor,
                                          input_ids_length=L0)
     model._validate_generated_length(gc, L0, run.has_default_max)
+    gc = whole_max_length(gc)
     run.gc, run.mk, run.inputs_tensor, run.input_name = gc, mk, inputs_tensor, input_name
     run.input_ids, run.dec_mask = dec_ids, dec_kw.get("decoder_attention_mask")
     run.device, run.B0, run.B, run.L0 = device, B0, dec_ids.shape[0], L0
