@@ -681,3 +681,28 @@ def test_user_eos_criteria_replaces_the_config_eos(config_eos):
               stopping_criteria=sc.StoppingCriteriaList([sc.EosTokenCriteria(y)]))
     ref = model.generate(ids, **kw)
     assert torch.equal(generate(model, ids, **kw), ref)
+
+
+def _tiny_led(seed=0):
+    from transformers import LEDConfig
+    cfg = LEDConfig(vocab_size=300, d_model=32, encoder_layers=1, decoder_layers=1,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                    decoder_ffn_dim=64, max_encoder_position_embeddings=256,
+                    max_decoder_position_embeddings=256, attention_window=[8], pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+    return seeded_random_model(lambda: AutoModelForSeq2SeqLM.from_config(cfg), seed, std=0.1).eval()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_beams=3, num_return_sequences=2)])
+def test_model_without_static_cache_support_runs_on_a_dynamic_cache(kw):
+    # LED builds no causal mask for a one-token decoder step: on a static cache it would attend
+    # the unwritten slots (transformers marks such models _can_compile_fullgraph = False).
+    model = _tiny_led()
+    ids = torch.randint(3, 300, (2, 5), generator=torch.Generator().manual_seed(0))
+    args = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                return_dict_in_generate=True, output_scores=True, **kw)
+    ref = model.generate(ids, **args)
+    out = generate(model, ids, **args)
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a, b)

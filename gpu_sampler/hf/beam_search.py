@@ -31,7 +31,7 @@ from .. import params
 from ..beam import beam_topk
 from .cache import StaticKVCache
 from . import compat
-from .common import MASKS, is_in, own_cache, prompt_history_mask
+from .common import MASKS, cached_positions, is_in, own_cache, prompt_history_mask
 
 __all__ = ["beam_search"]
 
@@ -82,7 +82,7 @@ def _forward_fn(model, cache, plan):
 
     def forward(ids, mask, pos, embeds=None, extra=None):
         kw = dict(fwd, **(extra or {}))
-        if takes_mask:
+        if takes_mask and mask is not None:
             kw["attention_mask"] = mask
         if takes_pos:
             kw["position_ids"] = pos
@@ -239,6 +239,7 @@ class _Feed:
     later: dict             # the decode forwards' other inputs, per-position ones excepted
     typed: dict             # name -> [N, width] per-position input by kv position
     decode_typed: tuple     # per-position names a decode forward on a cache gets
+    decode_mask: bool = True  # a decode forward on a cache gets the attention mask
 
     @classmethod
     def start(cls, plan, step, attention_mask, pos, cache_len, cache):
@@ -248,14 +249,14 @@ class _Feed:
         span = cache.get_max_length() if cache is not None and cache.is_compileable else 0
         full_mask = attention_mask.new_ones(plan.N, max(cache_len, span))
         full_mask[:, :P] = attention_mask
-        past = int(cache.get_seq_length()) if cache is not None else 0
+        past = cached_positions(cache)
         typed = step.per_position(P, full_mask.shape[1])[0] if step is not None else {}
         if step is None:
             return cls(whole, P, past, span, full_mask, pos, {}, {}, typed, ())
         prefill = dict(step.every, **step.prefill)
         later = prefill if whole else dict(step.every)
         return cls(whole, P, past, span, full_mask, pos + step.pos_offset, prefill, later, typed,
-                   () if whole else tuple(step.decode_typed))
+                   () if whole else tuple(step.decode_typed), whole or step.decode_mask)
 
     def first(self, input_ids, attention_mask, embeds):
         """The prefill's (ids, mask, positions, embeds, extra): the positions a passed cache
@@ -283,7 +284,8 @@ class _Feed:
             self.pos = new_pos
             ids = beams.running_sequences[:, :, beams.cur_len - 1].reshape(plan.N, 1)
             extra.update({name: self.typed[name][:, n - 1:n] for name in self.decode_typed})
-        return ids, self.full_mask[:, :max(n, self.span)], self.pos, None, extra
+        mask = self.full_mask[:, :max(n, self.span)] if self.decode_mask else None
+        return ids, mask, self.pos, None, extra
 
 
 @dataclasses.dataclass(frozen=True)

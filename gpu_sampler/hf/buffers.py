@@ -180,9 +180,9 @@ class Buffers:
         if self.cache is None:
             start, q, prefill = 0, self.kv + q, True  # no cache: the whole sequence every step
         end = start + q
-        if plan.takes_mask:
-            kw["attention_mask"] = self.mask[:, :max(end, self.static_len)]
         step = plan.step
+        if plan.takes_mask and (prefill or step.decode_mask):
+            kw["attention_mask"] = self.mask[:, :max(end, self.static_len)]
         if plan.takes_pos:
             pos = self.pos[..., start:end]
             kw["position_ids"] = pos + step.pos_offset if step.pos_offset else pos

@@ -2,6 +2,7 @@
 import math
 
 import torch
+from transformers.cache_utils import CacheLayerMixin
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
 
@@ -94,6 +95,33 @@ def take_passed_cache(gc, model_kwargs):
         raise ValueError("Passing both `cache_implementation` and `past_key_values` (a Cache "
                          "object) is unsupported. Please use only one of the two.")
     return cache
+
+
+def cached_positions(cache):
+    """Positions a cache holds (0 for None). A cache of linear-attention layers only (Mamba's
+    DynamicCache) has no sequence length: transformers' get_seq_length raises there, and such a
+    cache holds no positions the loop must skip (a filled one is refused when passed:
+    :func:`refuse_stateful_cache`)."""
+    if cache is None or _attention_free(cache):
+        return 0
+    return int(cache.get_seq_length())
+
+
+def _attention_free(cache):
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and not any(isinstance(layer, CacheLayerMixin) for layer in layers)
+
+
+def refuse_stateful_cache(cache):
+    """Unsupported for a passed cache of linear-attention layers that already holds a state
+    (Mamba's): it has no sequence length, and transformers' generate feeds the whole input on
+    top of it (its own generate is the reference)."""
+    if cache is not None and _attention_free(cache) and any(
+            any(getattr(layer, "has_previous_state", {}).values()) for layer in cache.layers):
+        raise Unsupported("a filled past_key_values of linear-attention layers only (Mamba)",
+                          "gpu_sampler.generate does not support continuing from a filled "
+                          "past_key_values whose layers are all linear-attention (state-space) "
+                          "layers: it holds no sequence length")
 
 
 def cache_rows(cache):

@@ -17,8 +17,9 @@ from transformers.generation import stopping_criteria as sc
 from .. import params as sampling_params
 from . import compat
 from .amateur import Amateur
-from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
-                     take_passed_cache, whole_max_length)
+from .common import (Unsupported, cache_rows, cached_positions, device_eos,
+                     drop_never_forwarded, is_in, refuse_stateful_cache, take_passed_cache,
+                     whole_max_length)
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
 from .step_inputs import StepInputs, refuse_inputs, split_inputs
 
@@ -193,13 +194,14 @@ def _passed_cache(gc, mk):
     if cache is not None and not isinstance(cache, Cache):
         raise ValueError(f"past_key_values must be a transformers Cache (DynamicCache, "
                          f"StaticCache, StaticKVCache), got {type(cache).__name__}")
+    refuse_stateful_cache(cache)
     return cache
 
 
 def _fed_positions(cache, embeds, mask, L0):
     """(past, new): positions a passed cache holds, positions the prefill feeds."""
     # int(): transformers' StaticCache returns its live position counter (a tensor).
-    past = int(cache.get_seq_length()) if cache is not None else 0
+    past = cached_positions(cache)
     if embeds is not None:
         new = embeds.shape[1] - past
     elif mask.shape[1] == L0:

@@ -455,6 +455,13 @@ def decoder_config(model):
 
 
 def _own_cache(model, B, length):
+    """Our StaticKVCache for the decoder's self-attention, or None (transformers'
+    DynamicCache) where it would not give the DynamicCache's results: layer types it does not
+    hold, or a model transformers does not run on a static cache (``_can_compile_fullgraph``
+    False: LED, ProphetNet, ... build no causal mask for a one-token step, so a static cache's
+    unwritten slots would be attended)."""
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return None
     try:
         return StaticKVCache(decoder_config(model), B, length)
     except (ValueError, NotImplementedError):  # layer types it does not hold

@@ -59,6 +59,10 @@ class StepInputs:
     fill: dict           # name -> None (the last value repeats) or the value a new token gets
     decode_typed: tuple  # per-position names forwarded after the prefill too
     pos_offset: int      # added to every forward's position_ids
+    # False where the model's prepare_inputs_for_generation drops the attention mask of a
+    # decode step on a cache (Mamba, FalconMamba: their mixers multiply the step's states by
+    # the whole 2-D mask, which would broadcast a one-token step to the mask's length)
+    decode_mask: bool = True
 
     @property
     def multimodal(self):
@@ -113,10 +117,11 @@ def _fills(model, names):
 
 
 def _decode_view(model, names):
-    """(position offset, per-position names forwarded after the prefill), read off the model's
-    own prepare_inputs_for_generation for a decode step."""
+    """(position offset, per-position names forwarded after the prefill, whether the attention
+    mask is forwarded), read off the model's own prepare_inputs_for_generation for a decode
+    step."""
     if not _overrides(model, "prepare_inputs_for_generation"):
-        return 0, tuple(names)
+        return 0, tuple(names), True
     ids = torch.tensor([[3, 4]])
     pos = torch.tensor([[0, 1]])
     try:
@@ -124,10 +129,11 @@ def _decode_view(model, names):
             ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=True,
             is_first_iteration=False, **{n: torch.tensor([[0, 1]]) for n in names})
     except Exception:  # noqa: BLE001 - a hook we cannot probe: transformers' generic rule
-        return 0, tuple(names)
+        return 0, tuple(names), True
     got_pos = got.get("position_ids")
     offset = int(got_pos.reshape(-1)[-1].cpu()) - 1 if got_pos is not None else 0
-    return offset, tuple(n for n in names if got.get(n) is not None)
+    return (offset, tuple(n for n in names if got.get(n) is not None),
+            got.get("attention_mask") is not None)
 
 
 def split_inputs(model, model_kwargs):
@@ -135,9 +141,9 @@ def split_inputs(model, model_kwargs):
     typed = {n: model_kwargs[n] for n in PER_POSITION if model_kwargs.get(n) is not None}
     rest = {k: v for k, v in model_kwargs.items()
             if v is not None and k not in _OWN and k not in PER_POSITION}
-    offset, decode_typed = _decode_view(model, list(typed))
+    offset, decode_typed, decode_mask = _decode_view(model, list(typed))
     return StepInputs(
         prefill={k: v for k, v in rest.items() if k in PREFILL_ONLY},
         every={k: v for k, v in rest.items() if k not in PREFILL_ONLY},
         typed=typed, fill=_fills(model, list(typed)) if typed else {},
-        decode_typed=decode_typed, pos_offset=offset)
+        decode_typed=decode_typed, pos_offset=offset, decode_mask=decode_mask)
