@@ -122,8 +122,8 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
     if not normalize and (repetition_penalty != 1.0 or temperature != 1.0):
         raise ValueError("repetition_penalty / temperature apply to log-probs: use normalize=True")
     kw = dict(candidates=candidates, normalize=normalize,
-              repetition_penalty=float(torch.tensor(repetition_penalty, dtype=torch.float32)),
-              temperature=float(torch.tensor(temperature, dtype=torch.float32)),
+              repetition_penalty=params.f32(repetition_penalty),  # float32-rounded on the
+              temperature=params.f32(temperature),                # host, no tensor
               input_ids=input_ids, seed=seed, offset=offset)
     if params.pick_backend(backend, logits) == "triton":
         from . import kernels

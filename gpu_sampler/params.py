@@ -412,4 +412,8 @@ def log_cut(value):
         return torch.where(ok, torch.log(value), float("nan")).contiguous()
     if not 0.0 <= value <= 1.0:
         return float("nan")
-    return torch.log(torch.tensor(value, dtype=torch.float32)).item()
+    if value == 0.0:  # off (the default): log(0) = -inf exactly, no tensor op
+        return float("-inf")
+    # a host computation: on the CPU whatever torch's default device is (with a CUDA default
+    # device, .item() would synchronise, and raise under CUDA-graph capture)
+    return torch.log(torch.tensor(value, dtype=torch.float32, device="cpu")).item()

@@ -119,11 +119,13 @@ def _twin_top(rows, cd, p, input_ids, prompt_lens, top):
 
 def _top_apart(rows, cd, p, input_ids, prompt_lens, seed, offset, top):
     """The top-N the draw's own launches could not give: raw logits the caller's edits were
-    materialised over (one torch pass), or processed contrastive scores (materialised, one
-    more kernel call)."""
-    if top.raw:
-        return reference.twin_top_n_raw(top.logits, top.n)
+    materialised over, or processed contrastive scores (materialised); one more kernel call
+    either way. Raw: the kernel's raw top-N of the logits as given (a greedy call; the twin's
+    rule, and no host sync, where the twin's tie fix-up reads .nonzero() on the host)."""
     from . import kernels
+    if top.raw:
+        out = kernels.fused_sample(top.logits, temperature=0.0, top_n=top.n, top_n_raw=True)
+        return out[2], out[3]
     scores = contrastive.contrastive_scores(rows, cd.amateur_logits, cd_alpha=cd.alpha,
                                             cd_beta=cd.beta, check=False, backend="triton")
     out = kernels.fused_sample(scores, input_ids=input_ids, prompt_lens=prompt_lens, seed=seed,

@@ -58,7 +58,8 @@ class SamplingSlots:
                                        2 ** 62, self.device, True)
             getattr(self, name)[i] = v
         if seed is None:
-            seed = int(torch.randint(0, 2 ** 63 - 1, (1,)))
+            # torch's CPU generator, whatever the default device (a CUDA one would sync here)
+            seed = int(torch.randint(0, 2 ** 63 - 1, (1,), device="cpu"))
         self.seed[i] = params.int64_seed(seed)
         self.offset[i] = params.int64_seed(offset, "offset")
 

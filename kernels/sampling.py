@@ -239,6 +239,10 @@ def _launch_top_n(c, cand):
         HAS_MINP=c.modes["HAS_MINP"], RAW=top.raw, KB=top.kb, NSEL=nsel,
         GB=max(1, min(g["NT_P2"], 2048 // top.kb)), CB=max(nsel, min(512, top.kb * g["NT_P2"])),
         NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=8)
+    if top.raw and top.n > nsel:
+        # places past the kernel's NSEL: (-1, -inf), and NaN for a row holding NaN or +inf
+        # (its first place is NaN), as the twin gives; a device-side select, no host read
+        lp[:, nsel:] = torch.where(lp[:, :1].isnan(), float("nan"), float("-inf"))
     return ids, lp
 
 

@@ -182,3 +182,14 @@ def test_processed_places_past_the_finite_tokens_are_minus_one(kw):
     want = sample(x, top_logprobs=3, logprobs_mode="processed", seed=1, backend="torch", **kw)
     assert got.top_ids.tolist() == [[9, -1, -1], [31, 32, -1]]
     _same((got.top_ids, got.top_logprobs), (want.top_ids, want.top_logprobs))
+
+
+def test_raw_places_past_a_short_row_keep_the_nan_rule():
+    """Raw top-N wider than the row: a row holding NaN or +inf has NaN places to the end, as
+    the twin; the places past what the kernel selects came back -inf (the launch contrastive
+    decoding with a mask or bias takes for its raw top-N)."""
+    x = torch.randn(3, 7)
+    x[0, 2], x[1, 4] = float("nan"), float("inf")
+    _, _, ids, lp = _run(x, temperature=0.0, top_n=20, top_n_raw=True)
+    assert lp[:2, 7:].isnan().all() and ids[:, 7:].eq(-1).all()
+    _same((ids, lp), reference.twin_top_n_raw(x, 20))
