@@ -7,7 +7,6 @@ alias until 5.40 / 6.0); the GPU image runs 5.17, which knows only ``past_key_va
 import dataclasses
 import functools
 import inspect
-import warnings
 
 OLD, NEW = "past_key_values", "cache"
 
@@ -35,19 +34,31 @@ def make_output(output_cls, cache, **fields):
     return output_cls(**fields, **{output_field(output_cls): cache})
 
 
+@functools.lru_cache(maxsize=None)
+def _renamed():
+    """transformers 5.24's renames of generate's deprecated cache names (``past_key_values``,
+    ``cache_params`` -> ``cache``: its FutureWarning; both names given: a warning, ``cache``
+    kept), by its own decorator on a function named like its generate (the warning names it)."""
+    from transformers.utils.deprecation import deprecate_kwarg
+
+    @deprecate_kwarg(OLD, "6.0.0", new_name=NEW)
+    @deprecate_kwarg("cache_params", "6.0.0", new_name=NEW)
+    def generate(self, **kwargs):
+        return kwargs
+    return generate
+
+
 def take_cache(model, kwargs):
-    """Rename a passed cache to the name the model takes, as transformers' generate does
-    (both names given: its deprecation helper warns and keeps ``cache``; a transformers
-    without ``cache`` takes no such argument: ValueError)."""
+    """Rename a passed cache to the name the model takes, as transformers' generate does: with
+    ``cache`` (5.24) the deprecated names warn and are renamed there; a transformers without
+    it takes no ``cache`` argument (ValueError when both names are given)."""
     name = cache_arg(model)
-    if OLD in kwargs and NEW in kwargs:
-        if name != NEW:  # a transformers without the new name: `cache` is no argument of it
-            raise ValueError(f"Both `{OLD}` and `{NEW}` are passed: pass only `{NEW}`")
-        # transformers >= 5.24 (its deprecate_kwarg helper): warns, uses `cache` and ignores
-        # the deprecated `past_key_values`.
-        warnings.warn(f"Both `{OLD}` and `{NEW}` are set for `generate`. Using `{NEW}` and "
-                      f"ignoring deprecated `{OLD}`.", FutureWarning)
-        kwargs.pop(OLD)
+    if name == NEW:
+        renamed = _renamed()(model, **kwargs)
+        kwargs.clear()
+        kwargs.update(renamed)
+    elif OLD in kwargs and NEW in kwargs:
+        raise ValueError(f"Both `{OLD}` and `{NEW}` are passed: pass only `{NEW}`")
     other = OLD if name == NEW else NEW
     if other in kwargs:
         kwargs[name] = kwargs.pop(other)
