@@ -721,7 +721,7 @@ def _draw(st, win, K, V, seed, offset, out):
     """Tokens and logprobs of the sampling rows: the twin's Gumbel-max over the kept merged
     candidates, or the elementwise round's draw."""
     keep = win.keep & (st.cand & st.sampling)[:, None]
-    ssum = torch.where(keep, win.e, 0.0).sum(1)
+    ssum = reference.window_mass(torch.where(keep, win.e, 0.0))  # the twin's Z, bit for bit
     if bool(st.cand.any()):
         w = min(K, int(st.have[st.cand].max()))
         kw, vw, iw = keep[:, :w], win.vals[:, :w], win.ids[:, :w]
@@ -739,7 +739,7 @@ def _distribution(st, win, out):
     """This rank's columns of the sampling rows' kept distribution."""
     keep = win.keep & (st.cand & st.sampling)[:, None]
     kept_e = torch.where(keep, win.e, 0.0)
-    z = kept_e.sum(1).clamp_min(torch.finfo(_F32).tiny)[:, None]
+    z = reference.window_mass(kept_e, keepdim=True).clamp_min(torch.finfo(_F32).tiny)
     n_real = st.shard.x.shape[1]
     loc = win.ids - st.shard.start
     inside = (loc >= 0) & (loc < n_real) & keep

@@ -126,6 +126,15 @@ class Switches:
         self.log_min_p = params.log_cut(min_p)  # min-p keeps x - M >= it
 
 
+def window_mass(e, keepdim=False):
+    """sum(e, 1) over a candidate window whose bits do not depend on its width K: a float64
+    left fold (cumsum) rounded once, so the zero columns a wider window adds (another row's
+    larger top_k, or K grown for another row) change nothing; e.sum(1)'s vectorised order did,
+    making a row's Z, logprob and distribution depend on the rest of the batch."""
+    z = e.to(torch.float64).cumsum(1)[:, -1].to(e.dtype)
+    return z[:, None] if keepdim else z
+
+
 class _Lazy:
     """A value computed on first use (the full-row mass is only needed without top-k)."""
     __slots__ = ("fn", "value")
@@ -167,7 +176,7 @@ def filter_candidates(vals, sw, z_full):
     keep = keep & (vals > float("-inf"))
     e = e * keep
     if sw.k_any:
-        z = e.sum(1)
+        z = window_mass(e)
         if sw.k_tensor and not bool(sw.kact.all()):
             z = torch.where(sw.kact, z, z_full())
     else:
@@ -337,7 +346,7 @@ def twin_sample(logits, p, input_ids=None, prompt_lens=None, seed=0, offset=0):
         g = rng.gumbel_rows(seed, offset, st.idx)
         score = torch.where(st.keep, (st.vals - st.M[:, None]) + g, float("-inf"))
         t, j = rng.first_best(score, st.idx, V)
-        lp = (st.vals.gather(1, j).squeeze(1) - st.M) - torch.log(st.e.sum(1))
+        lp = (st.vals.gather(1, j).squeeze(1) - st.M) - torch.log(window_mass(st.e))
         tok = torch.where(st.sampling, t, tok)
         logp = torch.where(st.sampling, lp, logp)
     if st.greedy_tok is not None:
@@ -354,7 +363,7 @@ def twin_distribution(logits, p, input_ids=None, prompt_lens=None):
     st = _filter(logits, p, input_ids, prompt_lens)
     probs = torch.zeros(B, V, device=logits.device)
     if bool(st.sampling.any()):
-        z = st.e.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        z = window_mass(st.e, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
         probs.scatter_(1, st.idx, st.e / z)
     if st.greedy_tok is not None:
         g = (st.greedy & st.valid).to(torch.float32)[:, None]
@@ -413,7 +422,7 @@ def twin_top_n_processed(logits, p, n, input_ids=None, prompt_lens=None):
         k = min(n, perm.shape[1])
         perm = perm[:, :k]
         kept = xp.gather(1, perm) > float("-inf")
-        kl = (st.vals.gather(1, perm) - st.M[:, None]) - torch.log(st.e.sum(1, keepdim=True))
+        kl = (st.vals.gather(1, perm) - st.M[:, None]) - torch.log(window_mass(st.e, keepdim=True))
         ids[:, :k] = torch.where(kept, st.idx.gather(1, perm), -1)
         lp[:, :k] = torch.where(kept, kl, float("-inf"))
     if st.greedy_tok is not None and n:

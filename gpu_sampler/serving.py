@@ -53,15 +53,20 @@ class SamplingSlots:
         unknown = set(values) - set(params.SAMPLING_NAMES)
         if unknown:
             raise ValueError(f"set_row got unknown parameters {sorted(unknown)}")
-        for name in params.SAMPLING_NAMES:
-            v = params.normalise_param(name, values.get(name, getattr(_DEFAULTS, name)), 1,
-                                       2 ** 62, self.device, True)
-            getattr(self, name)[i] = v
+        # everything validated before the first write: a refused request leaves the slot as
+        # it was (not half the new request's values over the old one's)
+        new = {name: params.normalise_param(name, values.get(name, getattr(_DEFAULTS, name)),
+                                            1, 2 ** 62, self.device, True)
+               for name in params.SAMPLING_NAMES}
+        offset = params.int64_seed(offset, "offset")
         if seed is None:
             # torch's CPU generator, whatever the default device (a CUDA one would sync here)
             seed = int(torch.randint(0, 2 ** 63 - 1, (1,), device="cpu"))
-        self.seed[i] = params.int64_seed(seed)
-        self.offset[i] = params.int64_seed(offset, "offset")
+        seed = params.int64_seed(seed)
+        for name, v in new.items():
+            getattr(self, name)[i] = v
+        self.seed[i] = seed
+        self.offset[i] = offset
 
     def rows(self, B):
         """The first B slots as sample()'s keyword arguments (views, no copies)."""

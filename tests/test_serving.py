@@ -228,3 +228,37 @@ def test_serving_loop_example():
     ref = model.generate(torch.tensor([g.prompt]), max_new_tokens=g.max_new, do_sample=False,
                          pad_token_id=0)
     assert ref[0, len(g.prompt):].tolist() == g.out
+
+
+def test_twin_row_bits_do_not_depend_on_the_other_rows_top_k():
+    # the twin's candidate window is max(top_k) + 1 (grown for other rows): its zero columns
+    # must not change a row's Z (e.sum(1)'s vectorised order did, in the last bits)
+    for s in range(12):
+        x = torch.randn(2, 4096, generator=torch.Generator().manual_seed(s)) * 3
+        kw = dict(temperature=0.5, offset=0, return_logprobs=True, backend="torch")
+        solo = gpu_sampler.sample(x[:1], top_k=50, seed=s, top_logprobs=4,
+                                  logprobs_mode="processed", **kw)
+        p1 = gpu_sampler.sampling_distribution(x[:1], top_k=50, temperature=0.5, backend="torch")
+        for other_k in (0, 200, 4000):
+            k = torch.tensor([50, other_k])
+            pair = gpu_sampler.sample(x, top_k=k, seed=torch.tensor([s, s]), top_logprobs=4,
+                                      logprobs_mode="processed", **kw)
+            p2 = gpu_sampler.sampling_distribution(x, top_k=k, temperature=0.5, backend="torch")
+            assert torch.equal(pair.tokens[:1], solo.tokens)
+            assert torch.equal(pair.logprobs[:1].view(torch.int32), solo.logprobs.view(torch.int32))
+            assert torch.equal(pair.top_logprobs[:1].view(torch.int32),
+                               solo.top_logprobs.view(torch.int32))
+            assert torch.equal(p2[0].view(torch.int32), p1[0].view(torch.int32))
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0.9, top_p=1.5, seed=2),
+                                 dict(temperature=0.9, seed=2 ** 64),
+                                 dict(temperature=0.9, seed=2, offset=-2 ** 64)])
+def test_a_refused_set_row_leaves_the_slot_as_it_was(bad):
+    slots = gpu_sampler.SamplingSlots(2)
+    slots.set_row(0, temperature=0.3, top_p=0.5, seed=1, offset=10)
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
+    before = [getattr(slots, n).clone() for n in names]
+    with pytest.raises(ValueError):
+        slots.set_row(0, **bad)
+    assert all(torch.equal(getattr(slots, n), b) for n, b in zip(names, before))
