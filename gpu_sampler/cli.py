@@ -214,9 +214,17 @@ def _cmd_bench(args):
 def main(argv=None):
     """Entry point of the ``gpu-sampler`` console script.
 
+    Returns 0; a user error prints one line on stderr and raises SystemExit(2).
+
     Example:
-        >>> main(["generate", "--model", "/nonexistent", "--prompt", "hi"])  # doctest: +SKIP
+        >>> import contextlib, sys
+        >>> with contextlib.redirect_stderr(sys.stdout):  # the error line goes to stderr
+        ...     try:
+        ...         main(["generate", "--model", "/nonexistent", "--prompt", "hi"])
+        ...     except SystemExit as e:
+        ...         print("exit status", e.code)
         gpu-sampler: error: model folder not found: /nonexistent
+        exit status 2
     """
     args = _parser().parse_args(argv)
     commands = {"demo": _cmd_demo, "generate": _cmd_generate, "bench": _cmd_bench}

@@ -943,15 +943,17 @@ def sample(local_logits, *, vocab_start, vocab_size, group=None, temperature=1.0
         LongTensor [B] (global ids), or (tokens, logprobs float32 [B]) with return_logprobs,
         or a ``SampleOutput`` with top_logprobs; identical on every rank.
 
-    Example (run under ``torchrun --nproc-per-node 2``)::
+    Example (one rank here; under ``torchrun --nproc-per-node 2`` each rank r would pass
+    ``full[:, r * 500:(r + 1) * 500]`` with ``vocab_start=r * 500`` and get the same tokens):
 
-        import torch, torch.distributed as dist
-        from gpu_sampler import distributed as gsd
-        dist.init_process_group("gloo")
-        r, V = dist.get_rank(), 1000
-        full = torch.randn(4, V, generator=torch.Generator().manual_seed(0))
-        shard = full[:, r * 500:(r + 1) * 500]
-        tok = gsd.sample(shard, vocab_start=r * 500, vocab_size=V, top_k=50, seed=1)
+        >>> import torch, torch.distributed as dist, gpu_sampler
+        >>> from gpu_sampler import distributed as gsd
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> full = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+        >>> tok = gsd.sample(full, vocab_start=0, vocab_size=1000, top_k=50, seed=1)
+        >>> torch.equal(tok, gpu_sampler.sample(full, top_k=50, seed=1, backend="torch"))
+        True
+        >>> dist.destroy_process_group()
     """
     vocab_start, vocab_size = _shard_int(vocab_start), _shard_int(vocab_size)
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -1015,7 +1017,19 @@ def sampling_distribution(local_logits, *, vocab_start, vocab_size, group=None, 
                           prompt_lens=None, check=True, backend="auto", allowed_mask=None,
                           logit_bias=None):
     """This rank's [B, V_local] float32 slice of ``gpu_sampler.sampling_distribution`` of the
-    concatenated logits (padding columns are 0). Collective; arguments as ``sample``."""
+    concatenated logits (padding columns are 0). Collective; arguments as ``sample``.
+
+    Example (one rank; the 24 columns past ``vocab_size`` are padding):
+
+        >>> import torch, torch.distributed as dist
+        >>> from gpu_sampler import distributed as gsd
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> local = torch.randn(2, 1024, generator=torch.Generator().manual_seed(0))
+        >>> p = gsd.sampling_distribution(local, vocab_start=0, vocab_size=1000, top_k=50)
+        >>> p.shape, (p > 0).sum(1).tolist(), float(p[:, 1000:].abs().sum())
+        (torch.Size([2, 1024]), [50, 50], 0.0)
+        >>> dist.destroy_process_group()
+    """
     vocab_start, vocab_size = _shard_int(vocab_start), _shard_int(vocab_size)
     values = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,

@@ -17,7 +17,17 @@ __all__ = ["sample", "sampling_distribution", "triton_available", "SampleOutput"
 
 
 class SampleOutput(NamedTuple):
-    """``sample(..., top_logprobs=N)``'s result."""
+    """``sample(..., top_logprobs=N)``'s result.
+
+    Example:
+        >>> import torch, gpu_sampler
+        >>> out = gpu_sampler.sample(torch.tensor([[0.0, 3.0, 1.0]]), temperature=0.0,
+        ...                          top_logprobs=2)  # greedy; the raw top-2 logprobs
+        >>> out.tokens.tolist(), out.top_ids.tolist()
+        ([1], [[1, 2]])
+        >>> [round(v, 4) for v in out.top_logprobs[0].tolist()]
+        [-0.1698, -2.1698]
+    """
     tokens: torch.Tensor        # int64 [B]
     logprobs: torch.Tensor      # float32 [B], under the distribution sampled from
     top_ids: torch.Tensor       # int64 [B, N], logprob descending, lowest id first on ties

@@ -48,6 +48,15 @@ _PROB_TOL = 1e-3  # |sum(q) - 1| allowed for draft_probs rows (float32 softmax o
 
 
 class SpeculativeOutput(NamedTuple):
+    """``speculative_sample(..., return_logprobs=True)``'s result.
+
+    Example:
+        >>> import torch, gpu_sampler
+        >>> out = gpu_sampler.speculative_sample(torch.zeros(1, 3, 5), torch.tensor([[1, 2]]),
+        ...                                      seed=0, return_logprobs=True)
+        >>> out.tokens.shape, out.num_accepted.shape, out.logprobs.shape
+        (torch.Size([1, 3]), torch.Size([1]), torch.Size([1, 3]))
+    """
     tokens: torch.Tensor        # int64 [B, K + 1]: emitted tokens, then -1
     num_accepted: torch.Tensor  # int64 [B]
     logprobs: torch.Tensor      # float32 [B, K + 1]: log p_i(token), -inf past the emitted

@@ -427,7 +427,8 @@ class StaticKVCache(Cache):
     ...                   num_attention_heads=4, intermediate_size=64)
     >>> model = LlamaForCausalLM(cfg).eval()
     >>> cache = StaticKVCache(cfg, max_batch_size=2, max_cache_len=16)
-    >>> out = model.generate(torch.tensor([[5, 6, 7]]), past_key_values=cache,
+    >>> from gpu_sampler.hf.compat import cache_arg  # "cache" from transformers 5.24 on
+    >>> out = model.generate(torch.tensor([[5, 6, 7]]), **{cache_arg(model): cache},
     ...                      max_new_tokens=4, do_sample=False)
     >>> out.shape
     torch.Size([1, 7])
@@ -532,7 +533,13 @@ class StaticKVCache(Cache):
 
         Example
         -------
-        >>> cache.check_capacity(batch_size=4, total_len=512, device="cuda")  # doctest: +SKIP
+        >>> from transformers import LlamaConfig
+        >>> cache = StaticKVCache(LlamaConfig(num_hidden_layers=1), max_batch_size=2,
+        ...                       max_cache_len=16)
+        >>> cache.check_capacity(batch_size=2, total_len=16, device="cpu")  # fits: None
+        >>> cache.check_capacity(batch_size=2, total_len=20)
+        Traceback (most recent call last):
+        ValueError: the generation needs 20 positions per row but the cache's max_cache_len=16: ...
         """
         if batch_size > self.max_batch_size:
             raise ValueError(f"batch size {batch_size} exceeds the cache's max_batch_size="
@@ -560,7 +567,11 @@ class StaticKVCache(Cache):
 
         Example
         -------
-        >>> mask = full_mask[:, :cache.attention_mask_length(ids.shape[1])]  # doctest: +SKIP
+        >>> from transformers import LlamaConfig
+        >>> cache = StaticKVCache(LlamaConfig(num_hidden_layers=1), max_batch_size=2,
+        ...                       max_cache_len=16)
+        >>> cache.attention_mask_length(3)  # Llama: the static length
+        16
         """
         if any(getattr(layer, "exact_length", False) for layer in self.layers):
             return self.get_seq_length() + query_length
@@ -598,7 +609,12 @@ class StaticKVCache(Cache):
 
         Example
         -------
-        >>> cache.grow(2 * cache.max_cache_len)  # doctest: +SKIP
+        >>> from transformers import LlamaConfig
+        >>> cache = StaticKVCache(LlamaConfig(num_hidden_layers=1), max_batch_size=2,
+        ...                       max_cache_len=16)
+        >>> cache.grow(2 * cache.max_cache_len)
+        >>> cache.max_cache_len
+        32
         """
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int):
             raise ValueError(f"max_cache_len must be an int, got {max_cache_len!r}")

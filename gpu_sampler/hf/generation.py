@@ -66,8 +66,10 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     custom_generate, synced_gpus=True
         Refused with NotImplementedError naming the argument.
     **kwargs
-        Model inputs: ``attention_mask`` [B, L], ``past_key_values`` (a transformers ``Cache``:
-        ``DynamicCache``, ``StaticCache`` or :class:`StaticKVCache`; continues from it),
+        Model inputs: ``attention_mask`` [B, L], ``cache`` (a transformers ``Cache``:
+        ``DynamicCache``, ``StaticCache`` or :class:`StaticKVCache`; continues from it; named
+        ``past_key_values`` before transformers 5.24, a deprecated alias from 5.24 on that
+        gives transformers' FutureWarning),
         ``inputs_embeds`` [B, L, H], ``position_ids``, ``token_type_ids``, ``logits_to_keep``;
         the image inputs of vision-language models (``pixel_values``, ``image_grid_thw``,
         ``pixel_attention_mask``, ...: LLaVA, Qwen2-VL / 2.5-VL, Gemma 3, PaliGemma,
@@ -92,8 +94,9 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     ``GenerateDecoderOnlyOutput`` when ``return_dict_in_generate=True``: ``sequences``,
     ``scores`` (processed float32 [B, V] per step), ``logits`` (raw float32 [B, V] per step),
     ``attentions`` / ``hidden_states`` (per step, the model's tuples, shaped as transformers
-    returns them) and ``past_key_values`` (a ``DynamicCache`` by default, the ``StaticCache``
-    for ``cache_implementation="static"``, the passed cache when one was given).
+    returns them) and ``cache`` (``past_key_values`` before transformers 5.24: a
+    ``DynamicCache`` by default, the ``StaticCache`` for ``cache_implementation="static"``, the
+    passed cache when one was given).
 
     Raises ``Unsupported`` (a NotImplementedError; ``.feature`` names it) for any argument or
     model it does not support (an assistant with another tokenizer, Whisper, ...), before any
@@ -107,7 +110,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
     ...                          num_attention_heads=4, intermediate_size=64)).eval()
     >>> ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
-    >>> out = generate(model, ids, max_new_tokens=4, do_sample=True, temperature=0.7, seed=0)
+    >>> out = generate(model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+    ...                do_sample=True, temperature=0.7, seed=0)
     >>> out.shape
     torch.Size([2, 7])
     """

@@ -155,9 +155,18 @@ def patch(model, fallback=True):
     ``from_pretrained`` with the original class or an Auto class loads an unpatched model.
 
     Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> from gpu_sampler import patch, unpatch
-        >>> patch(model)            # model.generate(...) now uses gpu_sampler  # doctest: +SKIP
-        >>> unpatch(model)          # back to transformers' generate            # doctest: +SKIP
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32,
+        ...     num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)).eval()
+        >>> patch(model) is model   # model.generate(...) now uses gpu_sampler
+        True
+        >>> ids = torch.tensor([[5, 6, 7]])
+        >>> model.generate(ids, max_new_tokens=2, do_sample=True, seed=0).shape  # seed: ours
+        torch.Size([1, 5])
+        >>> unpatch(model) is model  # back to transformers' generate
+        True
     """
     current = model.__dict__.get("generate")
     if isinstance(current, _PatchedGenerate) or isinstance(model, _Delegated):
@@ -173,7 +182,10 @@ def patch(model, fallback=True):
 
 
 def unpatch(model):
-    """Undo :func:`patch`: ``model.generate`` is what it was before. Returns the model."""
+    """Undo :func:`patch`: ``model.generate`` is what it was before. Returns the model.
+
+    Example: see :func:`patch`; unpatching a model that is not patched changes nothing.
+    """
     if isinstance(model, _Delegated):
         model.__class__ = _original_class(type(model))
         model.__dict__.pop(_STATE, None)
