@@ -560,3 +560,69 @@ def test_beam_search_from_embeds_on_a_passed_cache_like_hf():
     ref = model.generate(inputs_embeds=embeds, past_key_values=expanded(), **kw)
     _assert_same_output(generate(model, inputs_embeds=embeds, past_key_values=expanded(), **kw),
                         ref)
+
+
+@pytest.mark.parametrize("kw", [dict(num_beams=5), dict(num_beams=3, eos_token_id=[4, 5, 6]),
+                                dict(num_beams=5, do_sample=True)],
+                         ids=["beams-over-vocab", "eos-list-over-vocab", "sampling"])
+def test_more_candidates_than_vocab_runs_like_hf(kw):
+    """K = max(2, 1 + n_eos) * num_beams may exceed V: transformers picks K among an item's
+    nb * V continuations, so a row gives at most V (beam_topk refused k > V)."""
+    model = tiny_model("llama", seed=5, vocab_size=8)
+    ids, mask = left_padded([4, 2], _seed(), vocab=8)
+    call = dict(dict(do_sample=False, eos_token_id=None), max_new_tokens=3, **kw)
+    if call["do_sample"]:  # draws differ: the same structure
+        torch.manual_seed(0)
+        ref = model.generate(ids, attention_mask=mask, num_return_sequences=5, **call)
+        out = generate(model, ids, attention_mask=mask, num_return_sequences=5, **call)
+        assert out.shape == ref.shape
+        return
+    ref = model.generate(ids, attention_mask=mask, return_dict_in_generate=True,
+                         output_scores=True, **call)
+    out = generate(model, ids, attention_mask=mask, return_dict_in_generate=True,
+                   output_scores=True, **call)
+    _assert_same_output_no_scores(out, ref)
+
+
+@pytest.mark.parametrize("num_beams,new", [(2, 1), (3, 4), (4, 5)])
+def test_exact_ties_are_broken_like_torch_topk(num_beams, new):
+    """Equal accumulated log-probs (here: zero lm_head rows, equal logits) are ordered by
+    transformers' torch.topk over the item's nb * V scores, not by the lowest index."""
+    model = tiny_model("llama", seed=6, vocab_size=96)
+    with torch.no_grad():
+        model.lm_head.weight[3:] = 0  # tokens 3..95: logit 0, tied
+    ids, mask = left_padded([4, 2], _seed(), vocab=96)
+    kw = dict(num_beams=num_beams, num_return_sequences=num_beams, max_new_tokens=new,
+              do_sample=False, return_dict_in_generate=True, output_scores=True)
+    ref = model.generate(ids, attention_mask=mask, **kw)
+    _assert_same_output_no_scores(generate(model, ids, attention_mask=mask, **kw), ref)
+
+
+class _BanPerCall(lp.LogitsProcessor):
+    """Stateful: bans a different token on every call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores.index_fill(1, torch.tensor([3 + self.calls]), float("-inf"))
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_user_processors_run_once_a_step_like_hf(do_sample):
+    """transformers runs the processor chain once a step; recording the scores must not run
+    it a second time (a stateful processor then saw two calls a step)."""
+    model = tiny_model("llama", seed=1, vocab_size=64)
+    ids, mask = left_padded([5, 3], _seed(), vocab=64)
+    kw = dict(num_beams=3, max_new_tokens=5, do_sample=do_sample, seed=0 if do_sample else None,
+              return_dict_in_generate=True, output_scores=True)
+    mine, theirs = _BanPerCall(), _BanPerCall()
+    out = generate(model, ids, attention_mask=mask, logits_processor=[mine], **kw)
+    kw.pop("seed")
+    ref = model.generate(ids, attention_mask=mask, logits_processor=[theirs], **kw)
+    assert mine.calls == theirs.calls == len(ref.scores)
+    if not do_sample:
+        _assert_same_output_no_scores(out, ref)
+        for a, b in zip(out.scores, ref.scores):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

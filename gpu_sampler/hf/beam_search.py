@@ -118,11 +118,11 @@ class _Recorded:
             self.hidden_states += (
                 out.decoder_hidden_states if self.enc_dec else out.hidden_states,)
 
-    def step(self, plan, flat, logits):
+    def step(self, logits, processed):
         if self.logits is not None:
             self.logits += (logits.clone(),)
         if self.scores is not None:
-            self.scores += (plan.procs(flat, F.log_softmax(logits, dim=-1)),)
+            self.scores += (processed,)
 
 
 @torch.no_grad()
@@ -179,9 +179,15 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
         rec.model_call(out)
         logits = _last_logits(out)
         flat = beams.running_sequences[:, :, :beams.cur_len].reshape(plan.N, beams.cur_len)
-        rec.step(plan, flat, logits)
-        vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len)
+        # transformers' chain on the log-probs, run once a step (user processors may keep
+        # state): where the scores are recorded or the fused step cannot run it.
+        processed = (plan.procs(flat, F.log_softmax(logits, dim=-1))
+                     if plan.want_scores or plan.fused is None else None)
+        rec.step(logits, processed)
+        vals, keys, toks = _candidates(plan, flat, logits, beams.cur_len, processed)
         topk = _select(model, plan, beams, vals, keys, toks)
+        if topk is None:  # exact ties decide the pick: transformers' torch.topk decides them
+            topk = _select_exact(model, plan, beams, flat, logits, processed)
         beam_idx, unfinished = _update(model, plan, beams, *topk, rec.scores)
         if cache is not None:
             # In place: gather along the batch into the same buffers. After the last step too,
@@ -384,35 +390,60 @@ class _Beams:
                    cur_len=L)
 
 
-def _candidates(plan, flat, logits, cur_len):
-    """(values, sort keys, tokens) [N, K]: each beam row's best continuations."""
+def _candidates(plan, flat, logits, cur_len, processed):
+    """(values, sort keys, tokens) [N, k]: each beam row's best continuations, k = min(K, V)
+    (a row holds V; transformers picks K among an item's nb * V), K + 1 under beam search
+    (so that _select sees a tie at the K-th place). ``processed``: the chain's log-probs
+    [N, V], given where the chain runs in torch (plan.fused None)."""
+    k = min(plan.K + (plan.seeds is None), logits.shape[-1])
     if plan.fused is None:
-        processed = plan.procs(flat, F.log_softmax(logits, dim=-1))
-        return beam_topk(processed, plan.K, normalize=False, seed=plan.seeds, offset=cur_len,
+        return beam_topk(processed, k, normalize=False, seed=plan.seeds, offset=cur_len,
                          backend=plan.backend)
     cand = plan.masks(flat, logits.clone()) if len(plan.masks) else None
     hist = flat.masked_fill(plan.ignore[:, :cur_len], -1) if cur_len else None
-    return beam_topk(logits, plan.K, candidates=cand, input_ids=hist, seed=plan.seeds,
+    return beam_topk(logits, k, candidates=cand, input_ids=hist, seed=plan.seeds,
                      offset=cur_len, backend=plan.backend, **plan.fused)
 
 
 def _select(model, plan, beams, vals, keys, toks):
     """(top-K log-probs, sequences, beam indices) per item, chosen across its beams on the
-    nb * K candidates."""
-    B, nb, K, cur_len = plan.B, plan.nb, plan.K, beams.cur_len
+    nb * k candidates (k per beam row); None under beam search when equal scores among an
+    item's best K + 1 make the pick depend on torch.topk's tie order."""
+    B, nb, K, k = plan.B, plan.nb, plan.K, vals.shape[1]
     running = beams.running_beam_scores[:, :, None]
-    acc = (vals.view(B, nb, K) + running).view(B, nb * K)
-    acc_keys = acc if plan.seeds is None else (keys.view(B, nb, K) + running).view(B, nb * K)
-    # Stable: equal keys keep (beam, id) order, the lowest flat index first.
-    pick = torch.sort(acc_keys, dim=1, descending=True, stable=True).indices[:, :K]
+    acc = (vals.view(B, nb, k) + running).view(B, nb * k)
+    acc_keys = acc if plan.seeds is None else (keys.view(B, nb, k) + running).view(B, nb * k)
+    ranked = torch.sort(acc_keys, dim=1, descending=True, stable=True)
+    if plan.seeds is None:
+        top = ranked.values[:, :K + 1]
+        if bool((top[:, 1:] == top[:, :-1]).any()):
+            return None
+    pick = ranked.indices[:, :K]
     topk_log_probs = acc.gather(1, pick)
     if plan.seeds is not None and compat.beam_sampling_ranks_draws():
         # Beam sampling: the K drawn continuations are ranked by their scores, as
         # transformers (>= 5.24) orders its multinomial draws.
         topk_log_probs, order = topk_log_probs.sort(dim=1, descending=True, stable=True)
         pick = pick.gather(1, order)
-    beam = pick // K
-    token = toks.view(B, nb * K).gather(1, pick)
+    return _gather(model, plan, beams, topk_log_probs, pick // k,
+                   toks.view(B, nb * k).gather(1, pick))
+
+
+def _select_exact(model, plan, beams, flat, logits, processed=None):
+    """_select as transformers computes it: torch.topk over each item's nb * V accumulated
+    log-probs (transformers' processor chain on its log_softmax), whose tie order is
+    torch's."""
+    if processed is None:
+        processed = plan.procs(flat, F.log_softmax(logits, dim=-1))
+    V = processed.shape[-1]
+    acc = processed.view(plan.B, plan.nb, V) + beams.running_beam_scores[:, :, None]
+    topk_log_probs, pick = torch.topk(acc.view(plan.B, plan.nb * V), k=plan.K)
+    return _gather(model, plan, beams, topk_log_probs, pick // V, pick % V)
+
+
+def _gather(model, plan, beams, topk_log_probs, beam, token):
+    """(top-K log-probs, sequences, beam indices) for the picked (beam, token) [B, K]."""
+    cur_len = beams.cur_len
     topk_sequences = model._gather_beams(beams.running_sequences, beam)
     topk_sequences[:, :, cur_len] = token
     topk_beam_indices = model._gather_beams(beams.running_beam_indices, beam)
