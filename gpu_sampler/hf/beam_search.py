@@ -204,11 +204,11 @@ def beam_search(model, input_ids, attention_mask, gc, procs, user_processors, st
 
 def _decoder_only_cache(model, gc, plan, cache_len):
     """The decoder-only loop's cache: none with use_cache=False (transformers then feeds the
-    whole sequence each step); a DynamicCache when attention weights are returned (they must
-    span the written positions only, as transformers' do: padding rows' weights depend on the
-    span), when a cache with sliding layers is returned or where ours would not give its
-    results (common.own_cache); else our StaticKVCache, reordered in place and returned as a
-    DynamicCache."""
+    whole sequence each step); a DynamicCache when attention weights or hidden states are
+    returned (they must span the written positions only, as transformers' do: padding rows'
+    weights, and so their hidden states, depend on the span), when a cache with sliding
+    layers is returned or where ours would not give its results (common.own_cache); else our
+    StaticKVCache, reordered in place and returned as a DynamicCache."""
     if gc.use_cache is False:
         return None
     if gc.cache_implementation not in (None, "dynamic"):
@@ -218,7 +218,7 @@ def _decoder_only_cache(model, gc, plan, cache_len):
         made = {}
         model._prepare_cache_for_generation(gc, made, None, plan.B, cache_len)
         return compat.pop_cache(made)
-    if plan.want_attn:
+    if plan.want_attn or plan.want_hidden:  # padding rows' hidden states depend on the span too
         return DynamicCache(config=model.config)
     mine = own_cache(model, plan.N, cache_len)
     if mine is None or (gc.return_dict_in_generate and any(mine.is_sliding)):

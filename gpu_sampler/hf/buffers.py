@@ -59,8 +59,8 @@ def _working_cache(model, plan, kv_cap):
     # returned; sliding layers keep only a window, so then run on the real type. Built lazily,
     # so checking the config at the final length allocates nothing. Returned attention weights
     # must span the written positions only, as with a DynamicCache (padding rows' uniform
-    # weights depend on the span): run on one.
-    full = None if plan.want_attn else own_cache(model, inp.B, inp.kv_total)
+    # weights depend on the span, and so do their hidden states): run on one.
+    full = None if plan.want_attn or plan.want_hidden else own_cache(model, inp.B, inp.kv_total)
     if full is None or (gc.return_dict_in_generate and any(full.is_sliding)):
         dynamic = DynamicCache(config=model.config)
         if gc.is_assistant and hasattr(dynamic, "activate_past_recording"):

@@ -21,7 +21,7 @@ from .common import (Unsupported, cache_rows, cached_positions, device_eos,
                      drop_never_forwarded, is_in, refuse_stateful_cache, take_passed_cache,
                      whole_max_length)
 from .processors import TokenEdits, finite_number, plan_processors, refuse_config
-from .step_inputs import StepInputs, refuse_inputs, split_inputs
+from .step_inputs import StepInputs, refuse_cache_reset, refuse_inputs, split_inputs
 
 __all__ = ["Extras", "Resolved", "Inputs", "Plan", "refuse_arguments", "pop_extras",
            "resolve_config", "prepare_inputs", "processors", "refuse_beam_options",
@@ -138,6 +138,9 @@ def resolve_config(model, generation_config, kwargs):
         # callers of this helper)
         raise Unsupported(f"{type(model).__name__} (an encoder-decoder model with its own "
                           f"generate)")
+    if compat.cache_arg(model) not in inspect.signature(model.forward).parameters:
+        raise Unsupported(f"{type(model).__name__} (its forward takes no cache: transformers "
+                          f"feeds it the whole sequence each step)")
     if not model._supports_default_dynamic_cache():
         raise Unsupported(f"{type(model).__name__} (its cache is not a transformers key/value "
                           f"Cache)")
@@ -238,6 +241,7 @@ def prepare_inputs(model, resolved, inputs):
     mask = mk.pop("attention_mask")
     past, new = _fed_positions(cache, embeds, mask, L0)
     P, max_new = past + new, gc.max_length - L0
+    refuse_cache_reset(model, P, max(P + max_new - 1, P))
     return Inputs(gc=gc, model_kwargs=mk, input_ids=input_ids, embeds=embeds, mask=mask,
                   cache=cache, device=inputs_tensor.device, B=input_ids.shape[0],
                   B0=inputs_tensor.shape[0], L0=L0, P=P, past=past, new=new, max_new=max_new,

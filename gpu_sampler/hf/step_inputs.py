@@ -21,14 +21,16 @@ are accepted for the model types in :data:`VISION_MODEL_TYPES`, each checked tok
 against transformers; other models with such inputs are refused (``Unsupported``).
 """
 import dataclasses
+import inspect
 
 import torch
 from transformers.generation.utils import GenerationMixin
 
+from . import compat
 from .common import Unsupported
 
 __all__ = ["StepInputs", "PER_POSITION", "PREFILL_ONLY", "VISION_MODEL_TYPES", "refuse_inputs",
-           "split_inputs"]
+           "refuse_cache_reset", "split_inputs"]
 
 try:  # transformers >= 5.2x names them; the older list is the same idea, spelled out
     from transformers.generation.utils import MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL
@@ -116,6 +118,20 @@ def _fills(model, names):
     return out
 
 
+def _refuse_own_view(model, got, ids):
+    """Unsupported where the model's prepare_inputs_for_generation feeds other tokens than the
+    step's (XLM, FlauBERT append a mask token) or drops the position ids (Kosmos-2's text model
+    derives them from the ids and padding, GLM-Image and EXAONE 4.5 recompute their rope):
+    the loop here feeds the step's tokens at their positions."""
+    name = type(model).__name__
+    fed = got.get("input_ids")
+    if isinstance(fed, torch.Tensor) and tuple(fed.shape) != tuple(ids.shape):
+        raise Unsupported(f"{name} (its prepare_inputs_for_generation feeds other tokens)")
+    if got.get("position_ids") is None and \
+            "position_ids" in inspect.signature(model.forward).parameters:
+        raise Unsupported(f"{name} (its prepare_inputs_for_generation drops position_ids)")
+
+
 def _decode_view(model, names):
     """(position offset, per-position names forwarded after the prefill, whether the attention
     mask is forwarded), read off the model's own prepare_inputs_for_generation for a decode
@@ -130,10 +146,45 @@ def _decode_view(model, names):
             is_first_iteration=False, **{n: torch.tensor([[0, 1]]) for n in names})
     except Exception:  # noqa: BLE001 - a hook we cannot probe: transformers' generic rule
         return 0, tuple(names), True
+    _refuse_own_view(model, got, ids)
     got_pos = got.get("position_ids")
     offset = int(got_pos.reshape(-1)[-1].cpu()) - 1 if got_pos is not None else 0
     return (offset, tuple(n for n in names if got.get(n) is not None),
             got.get("attention_mask") is not None)
+
+
+class _SeenCache:
+    """A stand-in cache for probing prepare_inputs_for_generation: holds `n` positions."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def get_seq_length(self, layer_idx=0):
+        return self.n
+
+
+def refuse_cache_reset(model, P, kv_total):
+    """Unsupported where the model's prepare_inputs_for_generation drops the cache at a length
+    this call reaches (Phi-3 / PhiMoE with LongRoPE: crossing original_max_position_embeddings,
+    transformers re-runs the whole sequence with the long factors; the cache holds short-factor
+    keys)."""
+    cfg = model.config.get_text_config(decoder=True)
+    limit = getattr(cfg, "original_max_position_embeddings", None)
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if (not isinstance(limit, int) or rope == "default" or not P <= limit < kv_total
+            or not _overrides(model, "prepare_inputs_for_generation")):
+        return
+    ids, name = torch.ones(1, limit + 1, dtype=torch.long), compat.cache_arg(model)
+    try:
+        got = model.prepare_inputs_for_generation(
+            ids, next_sequence_length=1, attention_mask=torch.ones_like(ids), use_cache=True,
+            is_first_iteration=False, **{name: _SeenCache(limit)})
+    except Exception:  # noqa: BLE001 - a hook we cannot probe: transformers' generic rule
+        return
+    if got.get(name) is None or got["input_ids"].shape[1] != 1:
+        raise Unsupported(f"{type(model).__name__} generating past {limit} positions (its "
+                          f"prepare_inputs_for_generation re-runs the whole sequence there: "
+                          f"{rope} rope)")
 
 
 def split_inputs(model, model_kwargs):
