@@ -293,7 +293,9 @@ def test_heuristic_schedule_adds_two_or_takes_one(monkeypatch):
     agc.assistant_confidence_threshold = 0.0
     generate(target, ids, assistant_model=target, max_new_tokens=30, do_sample=False)
     assert budgets == [2, 4, 6, 8, 5]  # all accepted; the last capped by max_length (30 - 24 - 1)
-    assert agc.num_assistant_tokens == 2  # the assistant's config is left as it was
+    # "heuristic" writes the budget reached back, as transformers does (utils.py, end of
+    # _assisted_decoding); "heuristic_transient" leaves the config as it was.
+    assert agc.num_assistant_tokens == 12
     budgets.clear()
     other = tiny_model("llama", seed=9)  # disagrees: every step rejects
     other.generation_config.num_assistant_tokens_schedule = "heuristic"
@@ -301,6 +303,22 @@ def test_heuristic_schedule_adds_two_or_takes_one(monkeypatch):
     other.generation_config.assistant_confidence_threshold = 0.0
     generate(target, ids, assistant_model=other, max_new_tokens=6, do_sample=False)
     assert budgets[:4] == [3, 2, 1, 1]
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "heuristic_transient", "constant"])
+def test_heuristic_budget_written_back_as_transformers(schedule):
+    target = tiny_model("llama", seed=5)
+    ids = _batch(1, 10, seed=4)[0]
+    left = []
+    for run in (target.generate, lambda *a, **k: generate(target, *a, **k)):
+        a = tiny_model("llama", seed=5)  # the target itself: every draft accepted
+        agc = a.generation_config
+        agc.num_assistant_tokens_schedule, agc.num_assistant_tokens = schedule, 2
+        agc.assistant_confidence_threshold = 0.0
+        run(ids, assistant_model=a, max_new_tokens=20, do_sample=False)
+        left.append(agc.num_assistant_tokens)
+    assert left[0] == left[1]
+    assert (left[0] != 2) == (schedule == "heuristic")
 
 
 def test_streamer_gets_each_verified_block():

@@ -179,6 +179,7 @@ def run(model, run_, streamer):
                      (inp.mask != 0).int().argmax(1).cpu())
     while not bool(prog.done.all()):
         _step(model, run_, prog, streamer)
+    run_.drafter.finish()
     return _finish(model, run_, prog, streamer)
 
 

@@ -22,7 +22,9 @@ Both follow transformers' candidate generators (``PromptLookupCandidateGenerator
   ``assistant_model.generation_config`` (transformers' defaults 20, ``"constant"``, 0.4 where
   it leaves them unset), as transformers 5.24 does; ``"heuristic"`` and
   ``"heuristic_transient"`` add 2 to a row's budget after a step that accepted every draft,
-  else take 1 off (at least 1). Each row keeps its own budget. transformers' threshold
+  else take 1 off (at least 1). Each row keeps its own budget; ``"heuristic"`` writes the
+  budget reached back to the assistant's ``num_assistant_tokens`` at the end, as transformers
+  does. transformers' threshold
   tuning (a ROC fit, only when scikit-learn is installed) is not done here.
 
 Every row's budget is also capped so that no draft reaches ``max_length`` (the verification
@@ -195,6 +197,9 @@ class PromptLookup:
     def update(self, lengths, counts, live):
         """prompt_lookup_num_tokens stays."""
 
+    def finish(self):
+        """Nothing to write back."""
+
 
 def _continuations(seq, num_tokens, max_ngram):
     """Candidate continuations (lists of ids) of `seq` (1-D host tensor) in transformers'
@@ -355,3 +360,11 @@ class Assistant:
         full = (counts - 1) == lengths
         self.K = torch.where(live, torch.where(full, self.K + 2, (self.K - 1).clamp_min(1)),
                              self.K)
+
+    def finish(self):
+        """As transformers ends an assisted generate: under ``"heuristic"`` (not
+        ``"heuristic_transient"``) the budget reached is written back to the assistant's
+        ``generation_config.num_assistant_tokens``, so the next call starts from it
+        (transformers runs batch size 1; with several rows, row 0's budget)."""
+        if self.schedule == "heuristic":
+            self.model.generation_config.num_assistant_tokens = int(self.K[0])
