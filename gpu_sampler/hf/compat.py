@@ -104,6 +104,9 @@ def transformers_config(model, generation_config, kwargs):
         generation_config is None or generation_config.min_length is None)
         and defaults.min_length is None)
     take_cache(model, kwargs)
+    # transformers' generate pops it first; it only matters for hub generation code (custom
+    # generate, deprecated decoding modes), all refused before the loops run.
+    kwargs.pop("trust_remote_code", None)
     gc, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
     model._validate_model_kwargs(model_kwargs.copy())
     return gc, model_kwargs, has_default_max, has_default_min

@@ -154,6 +154,7 @@ _CHECK_EVERY = 8
 _UNMATCHED_MASK = "a passed past_key_values with a decoder_attention_mask of another width"
 _NOTHING_BEYOND = "a passed past_key_values with no decoder token beyond it"
 _OTHER_ROWS = "a passed past_key_values whose rows are not the decoder's"
+_OTHER_WIDTH = "a decoder_attention_mask of another width than decoder_input_ids"
 _INITIAL_NEW_POSITIONS = 256
 
 
@@ -363,6 +364,11 @@ def _fed_positions(run, dec_ids, dec_mask):
             raise Unsupported(_UNMATCHED_MASK, f"gpu_sampler.generate does not support "
                               f"{_UNMATCHED_MASK}: past_key_values holds {run.past} positions, "
                               f"{shapes}")
+        if dec_mask.dim() == 2 and dec_mask.shape[0] == dec_ids.shape[0]:
+            # transformers runs it (its forward makes of the mask what it does): patch hands
+            # the call over rather than fail where model.generate does not.
+            raise Unsupported(_OTHER_WIDTH, f"gpu_sampler.generate does not support "
+                              f"{_OTHER_WIDTH}: {shapes}")
         raise ValueError(shapes)
     if dec_mask is not None and width == L0:
         run.feed, run.kv0 = L0 - run.past, 0
@@ -468,6 +474,16 @@ def _own_cache(model, B, length):
         return None
 
 
+def _dynamic_only(run, want_attn):
+    """Whether the decoder's self-attention must run on transformers' DynamicCache rather than
+    our StaticKVCache: attention weights must span the written positions only, and a decoder
+    position the mask pads (left padding) attends to nothing, so the model spreads it evenly
+    over every kv slot: its hidden states and cache entries in later layers then depend on the
+    cache's width, and return_dict_in_generate hands both back."""
+    return want_attn or (bool(run.gc.return_dict_in_generate) and run.dec_mask is not None
+                         and not bool(run.dec_mask.all()))
+
+
 def _allocate(model, run):
     """The working EncoderDecoderCache and the sequence / history / decoder-mask buffers."""
     gc, B, L0 = run.gc, run.B, run.L0
@@ -482,8 +498,7 @@ def _allocate(model, run):
             model._prepare_cache_for_generation(gc, made, None, run.B0, gc.max_length - 1)
             st.cache = compat.pop_cache(made)
         else:
-            # Attention weights must span the written positions only: a DynamicCache then.
-            mine = None if run.want_attn else _own_cache(model, B, cap)
+            mine = None if _dynamic_only(run, run.want_attn) else _own_cache(model, B, cap)
             st.own = mine is not None
             self_cache = mine if st.own else DynamicCache(config=decoder_config(model))
             st.cache = EncoderDecoderCache(self_cache, DynamicCache(config=decoder_config(model)))
@@ -677,12 +692,11 @@ def _beam_search(model, run, extras):
     """num_beams > 1: gpu_sampler.hf.beam_search's loop, its forward on the decoder."""
 
     def start(rows, cache_len, want_attn):
-        # Attention weights must span the written positions only: a DynamicCache then.
         cache = None  # use_cache=False: transformers feeds the whole decoder sequence
         if run.cache is not None:
             cache = run.cache
         elif run.gc.use_cache is not False:
-            mine = None if want_attn else _own_cache(model, rows, cache_len)
+            mine = None if _dynamic_only(run, want_attn) else _own_cache(model, rows, cache_len)
             cfg = decoder_config(model)
             cache = EncoderDecoderCache(mine or DynamicCache(config=cfg), DynamicCache(config=cfg))
         fixed = _fixed_inputs(model, run, _State(cache=cache))
