@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import gpu_sampler
 from gpu_sampler.hf.common import Unsupported
+from gpu_sampler.hf.compat import cache_arg, output_field
 from gpu_sampler.hf.generation import generate
 from tests.test_seq2seq import _batch, assert_same, assert_same_cache, tiny_seq2seq
 
@@ -29,12 +30,14 @@ def test_left_padded_decoder_prompt_outputs_and_cache_match_transformers(arch, a
     ref, out = model.generate(ids, **kw), generate(model, ids, **kw)
     assert_same(out.sequences, ref.sequences, "sequences")
     assert_same(out.decoder_hidden_states, ref.decoder_hidden_states, "decoder_hidden_states")
-    assert_same_cache(out.cache, ref.cache)
+    field = output_field(type(ref))  # `cache` from transformers 5.24 on
+    assert_same_cache(getattr(out, field), getattr(ref, field))
     # Continued without a decoder mask, the padded positions are attended: same tokens.
     more = dict(attention_mask=mask, decoder_input_ids=ref.sequences, max_new_tokens=3,
                 do_sample=False, eos_token_id=None, num_beams=num_beams)
-    assert torch.equal(generate(model, ids, cache=out.cache, **more),
-                       model.generate(ids, cache=ref.cache, **more))
+    name = cache_arg(model)
+    assert torch.equal(generate(model, ids, **{name: getattr(out, field)}, **more),
+                       model.generate(ids, **{name: getattr(ref, field)}, **more))
 
 
 def test_trust_remote_code_is_accepted_like_transformers():
