@@ -6,6 +6,10 @@
                          [--seed S] [--greedy] [--device D] [--trust-remote-code]
     gpu-sampler bench [--device cpu|cuda] [--quick] [--out DIR]
 
+Generation numbers not given on the command line come from the model folder's
+generation_config.json when it sets them (as ``model.generate`` reads it), else from the defaults
+shown in ``--help``.
+
 User errors (missing or invalid model folder, CUDA asked for but absent, bad parameter values)
 print one line ``gpu-sampler: error: ...`` to stderr and exit with status 2.
 """
@@ -66,13 +70,19 @@ def _parser():
     g = sub.add_parser("generate", help="stream text from a model with gpu_sampler.generate")
     g.add_argument("--model", metavar="DIR", required=True, help="model folder")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64)
-    g.add_argument("--temperature", type=float, default=0.7,
-                   help="0 means greedy (default: 0.7)")
-    g.add_argument("--top-k", type=int, default=50, help="0 = off (default: 50)")
-    g.add_argument("--top-p", type=float, default=0.9, help="1.0 = off (default: 0.9)")
-    g.add_argument("--min-p", type=float, default=0.0, help="0 = off (default: 0)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=None,
+                   help="default: the model's generation_config, else 64")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 means greedy (default: the model's generation_config, else 0.7)")
+    g.add_argument("--top-k", type=int, default=None,
+                   help="0 = off (default: the model's generation_config, else 50)")
+    g.add_argument("--top-p", type=float, default=None,
+                   help="1.0 = off (default: the model's generation_config, else 0.9)")
+    g.add_argument("--min-p", type=float, default=None,
+                   help="0 = off (default: the model's generation_config, else 0)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="applies to greedy decoding too, as in transformers (default: the "
+                        "model's generation_config, else 1.0)")
     g.add_argument("--seed", type=int, default=None,
                    help="per-row seeded draws (reproducible on any device)")
     g.add_argument("--greedy", action="store_true", help="argmax decoding")
@@ -93,31 +103,59 @@ def _cmd_demo(args):
     demo.run_demo(args.model, device=args.device, out_dir=args.out)
 
 
-def _sampling_kwargs(args):
-    """generate() keyword arguments; sampling parameters are only passed when sampling."""
-    kw = dict(max_new_tokens=args.max_new_tokens)
-    if args.greedy or args.temperature == 0:
+# The command's own defaults, used for what neither the command line nor the model's
+# generation_config.json sets (a value the folder sets wins, as in transformers).
+CLI_DEFAULTS = dict(max_new_tokens=64, temperature=0.7, top_k=50, top_p=0.9, min_p=0.0,
+                    repetition_penalty=1.0)
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p")
+
+
+def _given(args):
+    """The generation numbers given on the command line (None = not given)."""
+    return {n: getattr(args, n) for n in CLI_DEFAULTS if getattr(args, n) is not None}
+
+
+def _sampling_kwargs(args, generation_config=None):
+    """generate() keyword arguments, merged as transformers merges them: a flag given on the
+    command line wins, then what the model folder's generation_config sets (left to generate(),
+    which reads it as model.generate does), then CLI_DEFAULTS. Sampling unless --greedy or
+    --temperature 0; --repetition-penalty applies to greedy decoding too."""
+    given = _given(args)
+    set_by_model = set() if generation_config is None else set(generation_config.to_diff_dict())
+
+    def pick(name, kw):
+        if name in given:
+            kw[name] = given[name]
+        elif name not in set_by_model:
+            kw[name] = CLI_DEFAULTS[name]
+
+    kw = {}
+    if "max_new_tokens" in given or not set_by_model & {"max_new_tokens", "max_length"}:
+        kw["max_new_tokens"] = given.get("max_new_tokens", CLI_DEFAULTS["max_new_tokens"])
+    if "repetition_penalty" in given:  # transformers applies it when greedy too
+        kw["repetition_penalty"] = given["repetition_penalty"]
+    if args.greedy or given.get("temperature") == 0:
         kw["do_sample"] = False
         return kw
-    kw.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-              repetition_penalty=args.repetition_penalty)
-    if args.min_p:
-        kw["min_p"] = args.min_p
+    kw["do_sample"] = True
+    for name in _SAMPLING + ("repetition_penalty",):
+        pick(name, kw)
+    if kw.get("min_p") == 0 and "min_p" not in set_by_model:
+        del kw["min_p"]
     if args.seed is not None:
         kw["seed"] = args.seed
     return kw
 
 
 def _check_sampling(kw):
-    """Validate the numbers up front with the library's own rules (its ValueError names the
-    parameter), before a model is loaded."""
+    """Validate the numbers with the library's own rules (its ValueError names the
+    parameter); called with the flags given before a model is loaded, and with the merged
+    arguments after."""
     import torch
 
     from .sampler import sample
-    if not kw.get("do_sample"):
-        return
     names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
-    sample(torch.zeros(1, 2), **{n: kw[n] for n in names if n in kw})
+    sample(torch.zeros(1, 2), **{n: kw[n] for n in names if kw.get(n) is not None})
 
 
 def _cmd_generate(args):
@@ -127,12 +165,13 @@ def _cmd_generate(args):
     from . import demo
     from .hf import generate
 
-    kw = _sampling_kwargs(args)
-    _check_sampling(kw)
+    _check_sampling(dict(_given(args), seed=args.seed))  # before the model loads
     demo.check_device(args.device)
     demo.quiet_transformers()
     model, tok = demo.load_model(args.model, args.device,
                                  trust_remote_code=args.trust_remote_code)
+    kw = _sampling_kwargs(args, model.generation_config)
+    _check_sampling(kw)
     enc = tok(args.prompt, return_tensors="pt").to(model.device)
     streamer = TextStreamer(tok, skip_special_tokens=True)
     with torch.no_grad():

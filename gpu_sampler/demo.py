@@ -217,7 +217,8 @@ def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alph
             "tok_s": out.shape[0] * (out.shape[1] - L) / dt}
 
 
-def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p):
+def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p,
+             return_scores=False):
     """transformers' processors + softmax + torch.multinomial: what model.generate does per step.
 
     Returns:
@@ -230,7 +231,9 @@ def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p):
     procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(repetition_penalty),
                                  TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k),
                                  TopPLogitsWarper(top_p)])
-    scores = procs(input_ids, logits)
+    scores = procs(input_ids, logits.clone() if return_scores else logits)
+    if return_scores:
+        return scores
     return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
 
 
@@ -254,7 +257,11 @@ def sampler_table(sizes=SIZES, device="cpu", repeats=3, seed=0, progress=False):
         ids = torch.randint(0, V, (B, HISTORY), generator=g).to(dev)
         with torch.no_grad():
             t_hf, _ = time_call(lambda: hf_chain(logits, ids, **SAMPLING), repeats, dev)
-            t_gs, _ = time_call(lambda: sample(logits, input_ids=ids, **SAMPLING), repeats, dev)
+            t_gs, tok = time_call(lambda: sample(logits, input_ids=ids, **SAMPLING), repeats, dev)
+            # A time is only reported for checked output: every token inside HF's kept set.
+            kept = hf_chain(logits, ids, **SAMPLING, return_scores=True).gather(1, tok[:, None])
+            if not bool(torch.isfinite(kept).all()):
+                raise RuntimeError(f"gpu_sampler.sample drew outside the support at {(B, V)}")
         rows.append({"B": B, "V": V, "hf_ms": t_hf * 1e3, "gs_ms": t_gs * 1e3,
                      "ratio": t_hf / t_gs})
         del logits, ids
@@ -299,6 +306,13 @@ def plot_latency(rows, path, title=None):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _speed(res, checked):
+    """The tokens/s line of a comparison; no number for output that did not check out."""
+    if not checked:
+        return "tokens/s not reported: the outputs differ"
+    return f"tokens/s: HF {res['hf_tok_s']:.0f}, gpu-sampler {res['gs_tok_s']:.0f}"
 
 
 def quiet_transformers():
@@ -362,7 +376,7 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
     for p, a in zip(PROMPTS, g["hf"]):
         echo(f"    {p!r} -> {a!r}")
     echo(f"    identical: {'yes' if gen['identical'] else 'NO'}")
-    echo(f"    tokens/s: HF {g['hf_tok_s']:.0f}, gpu-sampler {g['gs_tok_s']:.0f}")
+    echo("    " + _speed(g, gen["identical"]))
     s = gen["sample"]
     echo("")
     echo("    sampling (rp 1.2, T 0.7, top-k 50, top-p 0.9): different random streams, "
@@ -380,8 +394,7 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
         echo(f"    {p!r} -> {a!r}")
     bm = gen["beam"]
     echo(f"    beam search ({BEAM['num_beams']} beams): identical "
-         f"{'yes' if gen['beam_identical'] else 'NO'}, tokens/s: HF {bm['hf_tok_s']:.0f}, "
-         f"gpu-sampler {bm['gs_tok_s']:.0f}")
+         f"{'yes' if gen['beam_identical'] else 'NO'}, {_speed(bm, gen['beam_identical'])}")
 
     rows = sampler_table(sizes, dev, repeats=repeats, progress=True)
     echo("")

@@ -77,6 +77,22 @@ def test_compare_generate_greedy_identical(model_dir):
     assert res["greedy"]["gs_tok_s"] > 0 and res["sample"]["hf_tok_s"] > 0
 
 
+def test_demo_quotes_no_speed_for_unchecked_output(model_dir, tmp_path, monkeypatch):
+    real = demo.compare_generate
+
+    def differing(*a, **k):
+        res = real(*a, **k)
+        res["identical"] = res["beam_identical"] = False
+        return res
+    monkeypatch.setattr(demo, "compare_generate", differing)
+    lines = []
+    demo.run_demo(model_dir, out_dir=tmp_path, sizes=[(2, 500)], max_new_tokens=3, repeats=1,
+                  echo=lines.append)
+    text = "\n".join(lines)
+    assert "identical: NO" in text and "tokens/s: HF" not in text.split("sampling (")[0]
+    assert "beam search (4 beams): identical NO, tokens/s not reported" in text
+
+
 def test_sampler_table_and_plot(tmp_path):
     rows = demo.sampler_table([(1, 300), (3, 1000)], repeats=1)
     assert [(r["B"], r["V"]) for r in rows] == [(1, 300), (3, 1000)]
@@ -131,6 +147,58 @@ def test_generate_sampling_seeded_is_reproducible(model_dir, capsys):
     cli.main(argv)
     assert capsys.readouterr().out == first
     assert first.startswith("Once upon a time")
+
+
+def _hf_text(model_dir, prompt, **kw):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    return tok.decode(model.generate(ids, **kw)[0], skip_special_tokens=True)
+
+
+def test_generate_greedy_keeps_the_repetition_penalty(model_dir, capsys):
+    # transformers applies repetition_penalty when greedy; the command must not drop it.
+    # The random model's greedy text repeats only with the penalty far from 1: an extreme
+    # penalty on every seen token changes the text (asserted, so the test is not vacuous).
+    prompt = "The quick brown fox"
+    ref = _hf_text(model_dir, prompt, max_new_tokens=12, do_sample=False,
+                   repetition_penalty=1e-3)
+    assert ref != _hf_text(model_dir, prompt, max_new_tokens=12, do_sample=False)
+    cli.main(["generate", "--model", str(model_dir), "--prompt", prompt, "--max-new-tokens",
+              "12", "--greedy", "--repetition-penalty", "1e-3"])
+    assert capsys.readouterr().out.strip() == ref.strip()
+
+
+def test_generate_greedy_still_validates_values(model_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", str(model_dir), "--prompt", "hi", "--greedy",
+                  "--repetition-penalty", "-3"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("gpu-sampler: error: repetition_penalty")
+
+
+def test_generate_honours_the_folders_generation_config(model_dir, tmp_path, capsys):
+    # A folder whose generation_config samples at a tiny temperature with 5 new tokens:
+    # `model.generate(ids)` draws the argmax (T 1e-4, top-k 1) and stops after 5 tokens, and
+    # so must the command when no flag overrides it.
+    import shutil
+    import json
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    cfg = json.loads((folder / "generation_config.json").read_text())
+    cfg.update(do_sample=True, temperature=1e-4, top_k=1, top_p=0.5, max_new_tokens=5)
+    (folder / "generation_config.json").write_text(json.dumps(cfg))
+    prompt = "The quick brown fox"
+    ref = _hf_text(folder, prompt)
+    assert ref == _hf_text(folder, prompt, do_sample=False, max_new_tokens=5)
+    cli.main(["generate", "--model", str(folder), "--prompt", prompt])
+    assert capsys.readouterr().out.strip() == ref.strip()
+    # a flag given still wins over the folder
+    cli.main(["generate", "--model", str(folder), "--prompt", prompt, "--max-new-tokens", "7",
+              "--greedy"])
+    assert capsys.readouterr().out.strip() == _hf_text(folder, prompt, do_sample=False,
+                                                       max_new_tokens=7).strip()
 
 
 def test_generate_never_trusts_remote_code_unless_asked(model_dir, monkeypatch, capsys):
