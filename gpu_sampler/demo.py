@@ -147,8 +147,9 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
 
     Returns:
         dict with ``greedy`` / ``sample`` / ``beam``, each ``{"hf": texts, "gpu_sampler": texts,
-        "hf_tok_s": float, "gs_tok_s": float}``, and ``identical`` (bool, greedy) and
-        ``beam_identical`` (bool, beam search).
+        "hf_tok_s": float, "gs_tok_s": float}``, ``identical`` (bool, greedy),
+        ``beam_identical`` (bool, beam search) and ``sample_checked`` (bool: every drawn token
+        in transformers' kept set, ``sampled_in_support``).
     """
     dev = model.device
     batch = tok(list(prompts), return_tensors="pt", padding=True).to(dev)
@@ -181,13 +182,69 @@ def compare_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, repeats=3, 
                         "hf_tok_s": B * (hf.shape[1] - L) / t_hf,
                         "gs_tok_s": B * (gs.shape[1] - L) / t_gs}
         same = hf.shape == gs.shape and bool(torch.equal(hf, gs))
-        if mode == "greedy":
+        if mode == "sample":
+            result["sample_checked"] = sampled_in_support(model, batch, gs, kw, seed)
+        elif mode == "greedy":
             result["identical"] = same
         elif mode == "beam":
             result["beam_identical"] = same
     if bar is not None:
         bar.close()
     return result
+
+
+def sampled_in_support(model, batch, out, kw, seed):
+    """Whether every token of ``out`` (``generate(model, **batch, **kw, seed=seed)``, sampling
+    with ``SAMPLING`` and ``min_new_tokens`` = ``max_new_tokens``) lies in transformers' kept set
+    for its step: the call rerun with ``output_logits`` (it must give the same tokens), each
+    step's raw logits through transformers' own processors on the sequence so far (the
+    repetition penalty, EOS held off by min_new_tokens, then ``hf_chain``'s warpers)."""
+    from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+
+    L = batch["input_ids"].shape[1]
+    rec = generate(model, **batch, **kw, seed=seed, return_dict_in_generate=True,
+                   output_logits=True)
+    if not torch.equal(rec.sequences, out):
+        return False
+    eos = model.generation_config.eos_token_id
+    floor = None if eos is None else MinNewTokensLengthLogitsProcessor(
+        L, kw["min_new_tokens"], eos, device=out.device)
+    for t, logits in enumerate(rec.logits):
+        prefix = out[:, :L + t]
+        scores = logits.float()
+        if floor is not None:
+            scores = floor(prefix, scores)
+        scores = hf_chain(scores, prefix, **SAMPLING, return_scores=True)
+        if not bool((scores.gather(1, out[:, L + t, None]) > float("-inf")).all()):
+            return False
+    return True
+
+
+def contrastive_checked(model, amateur, batch, out, cd_alpha, cd_beta, tol=1e-3):
+    """Whether every token of a contrastive ``generate`` output ``out`` holds its step's best
+    contrastive score (within ``tol``: a full forward rounds otherwise than the cached steps),
+    recomputed from one uncached forward of each model over the whole sequence; a row's tokens
+    after its first EOS are not checked (generate pads there)."""
+    from .contrastive import contrastive_scores_reference
+
+    L = batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"],
+                      batch["attention_mask"].new_ones(out.shape[0], out.shape[1] - L)], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        e, a = (m(out, attention_mask=mask, position_ids=pos).logits[:, L - 1:-1].float()
+                for m in (model, amateur))
+    eos = model.generation_config.eos_token_id
+    eos = torch.tensor([] if eos is None else eos, device=out.device).reshape(-1)
+    live = torch.ones(out.shape[0], dtype=torch.bool, device=out.device)
+    for t in range(out.shape[1] - L):
+        s = contrastive_scores_reference(e[:, t], a[:, t], cd_alpha, cd_beta)
+        tok = out[:, L + t]
+        best = s.gather(1, tok[:, None]).squeeze(1) >= s.amax(1) - tol
+        if not bool((best | ~live).all()):
+            return False
+        live &= ~torch.isin(tok, eos)
+    return True
 
 
 def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alpha=0.1,
@@ -198,7 +255,8 @@ def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alph
     with ``tiny.build_model``, so any causal LM folder works.
 
     Returns:
-        dict ``{"texts": list[str], "amateur": str, "tok_s": float}``.
+        dict ``{"texts": list[str], "amateur": str, "tok_s": float, "checked": bool}``
+        (``contrastive_checked``).
     """
     from . import tiny
 
@@ -214,7 +272,8 @@ def contrastive_generate(model, tok, prompts=PROMPTS, max_new_tokens=32, cd_alph
     n = sum(p.numel() for p in amateur.parameters())
     return {"texts": tok.batch_decode(out[:, L:], skip_special_tokens=True),
             "amateur": f"random 1-layer Llama, {n / 1e6:.2f}M parameters",
-            "tok_s": out.shape[0] * (out.shape[1] - L) / dt}
+            "tok_s": out.shape[0] * (out.shape[1] - L) / dt,
+            "checked": contrastive_checked(model, amateur, batch, out, cd_alpha, cd_beta)}
 
 
 def hf_chain(logits, input_ids, repetition_penalty, temperature, top_k, top_p,
@@ -311,7 +370,7 @@ def plot_latency(rows, path, title=None):
 def _speed(res, checked):
     """The tokens/s line of a comparison; no number for output that did not check out."""
     if not checked:
-        return "tokens/s not reported: the outputs differ"
+        return "tokens/s not reported: the output did not check out"
     return f"tokens/s: HF {res['hf_tok_s']:.0f}, gpu-sampler {res['gs_tok_s']:.0f}"
 
 
@@ -385,11 +444,15 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
         echo(f"    {p!r}")
         echo(f"        HF:          {a!r}")
         echo(f"        gpu-sampler: {b!r}")
-    echo(f"    tokens/s: HF {s['hf_tok_s']:.0f}, gpu-sampler {s['gs_tok_s']:.0f}")
+    echo(f"    every drawn token in transformers' kept set: "
+         f"{'yes' if gen['sample_checked'] else 'NO'}, {_speed(s, gen['sample_checked'])}")
     cd = contrastive_generate(model, tok, max_new_tokens=max_new_tokens)
     echo("")
+    cd_speed = (f"{cd['tok_s']:.0f} tokens/s" if cd["checked"] else
+                "tokens/s not reported: a token is not its step's best score")
     echo(f"    contrastive decoding (greedy, cd_alpha 0.1, cd_beta 0.5; amateur: {cd['amateur']}):"
-         f" {cd['tok_s']:.0f} tokens/s")
+         f" each token its step's best score (uncached forward): "
+         f"{'yes' if cd['checked'] else 'NO'}, {cd_speed}")
     for p, a in zip(PROMPTS, cd["texts"]):
         echo(f"    {p!r} -> {a!r}")
     bm = gen["beam"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpu_sampler import cli, demo, tiny
+from gpu_sampler.hf import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -75,6 +76,20 @@ def test_compare_generate_greedy_identical(model_dir):
     assert res["greedy"]["hf"] == res["greedy"]["gpu_sampler"]
     assert len(res["sample"]["gpu_sampler"]) == 2
     assert res["greedy"]["gs_tok_s"] > 0 and res["sample"]["hf_tok_s"] > 0
+
+
+def test_sampling_check_catches_a_wider_draw(model_dir):
+    # the demo's sampling tokens/s is quoted only when every drawn token lies in transformers'
+    # kept set for SAMPLING; a draw from top-k 300 instead of 50 must fail that check
+    model, tok = demo.load_model(model_dir)
+    batch = tok(list(demo.PROMPTS[:2]), return_tensors="pt", padding=True)
+    kw = dict(do_sample=True, max_new_tokens=4, min_new_tokens=4, **demo.SAMPLING)
+    out = generate(model, **batch, **kw, seed=3)
+    assert demo.sampled_in_support(model, batch, out, kw, 3)
+    wide = dict(kw, top_k=300, top_p=1.0, temperature=1.5)
+    out = generate(model, **batch, **wide, seed=3)
+    assert not demo.sampled_in_support(model, batch, out, wide, 3)
+    assert not demo.sampled_in_support(model, batch, out, kw, 3)  # other tokens than the rerun
 
 
 def test_demo_quotes_no_speed_for_unchecked_output(model_dir, tmp_path, monkeypatch):

@@ -368,6 +368,23 @@ def test_demo_contrastive_line():
     model = tiny_model("llama", seed=24, vocab_size=len(tok))
     res = demo.contrastive_generate(model, tok, demo.PROMPTS[:2], max_new_tokens=3)
     assert len(res["texts"]) == 2 and "1-layer" in res["amateur"] and res["tok_s"] > 0
+    assert res["checked"] is True
+
+
+def test_demo_contrastive_check_catches_a_wrong_token():
+    from gpu_sampler import demo, tiny
+    from tests.models import train_tokenizer
+
+    tok = train_tokenizer(1000)
+    model = tiny_model("llama", seed=24, vocab_size=len(tok))
+    amateur = tiny.build_model(len(tok), seed=1, hidden_size=64, num_layers=1)
+    batch = tok(list(demo.PROMPTS[:2]), return_tensors="pt", padding=True)
+    out = generate(model, **batch, max_new_tokens=4, do_sample=False, amateur_model=amateur)
+    assert demo.contrastive_checked(model, amateur, batch, out, 0.1, 0.5)
+    # the expert's greedy tokens are not the contrastive ones on these rows
+    plain = generate(model, **batch, max_new_tokens=4, do_sample=False)
+    assert not torch.equal(plain, out)
+    assert not demo.contrastive_checked(model, amateur, batch, plain, 0.1, 0.5)
 
 
 _AOT = """
