@@ -28,7 +28,7 @@ import warnings
 
 from transformers.generation.utils import GenerationMixin
 
-from . import seq2seq, whisper
+from . import compat, seq2seq, whisper
 from .common import Unsupported
 from .generation import EXTRA_ARGS, generate
 
@@ -72,6 +72,9 @@ def _run(model, ours, theirs, args, kwargs):
     """``ours(model, *args, **kwargs)``, or ``theirs(*args, **kwargs)`` (transformers) with one
     warning per model and feature where gpu_sampler refuses the call and may hand it over."""
     state = _state(model)
+    # a deprecated cache name is renamed (transformers' FutureWarning) once for both paths:
+    # a call handed over warns once, as transformers' generate alone does
+    kwargs = compat.take_cache(model, dict(kwargs))
     try:
         return ours(model, *args, **kwargs)
     except Unsupported as exc:
