@@ -181,7 +181,10 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition
             default generator).
         seed, offset: int in [-2**63, 2**64) or LongTensor [B] each; a row's token then depends
             only on its logits, parameters, seed and offset (e.g. offset = position). Ints are
-            64-bit: s and s - 2**64 are the same stream.
+            64-bit: s and s - 2**64 are the same stream. An int is every row's seed, so rows
+            with equal logits draw equal tokens (the noise is shared); for independent rows
+            (n completions of one prompt) pass one seed per row (``generate`` uses seed + row)
+            or no seed.
         return_logprobs: also return the float32 log-probability of each drawn token under
             the distribution it was drawn from (``sampling_distribution``).
         check: validate tensor parameter values and raise ValueError for NaN rows or rows with
