@@ -31,7 +31,7 @@ from .. import params
 from ..beam import beam_topk
 from .cache import StaticKVCache
 from . import compat
-from .common import MASKS, cached_positions, is_in, own_cache, prompt_history_mask
+from .common import cached_positions, is_in, is_mask, own_cache, prompt_history_mask
 
 __all__ = ["beam_search"]
 
@@ -54,7 +54,7 @@ def _plan(procs, user, do_sample):
         if type(p) is lp.RepetitionPenaltyLogitsProcessor and params.accepts(
                 "repetition_penalty", p.penalty):
             fused["repetition_penalty"] = float(p.penalty)
-        elif isinstance(p, MASKS):
+        elif is_mask(p):
             masks.append(p)
         elif do_sample and type(p) is lp.TemperatureLogitsWarper and params.accepts(
                 "temperature", p.temperature):

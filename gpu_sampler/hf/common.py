@@ -16,6 +16,12 @@ MASKS = (lp.NoRepeatNGramLogitsProcessor, lp.NoBadWordsLogitsProcessor,
          lp.SuppressTokensLogitsProcessor, lp.SuppressTokensAtBeginLogitsProcessor)
 
 
+def is_mask(p):
+    """A transformers mask processor of MASKS's own classes: a user's subclass may do anything
+    (add a bias, ...), which need not commute with the penalty fused behind it."""
+    return type(p) in MASKS
+
+
 def is_in(obj, items):
     """Identity membership (processors define no useful ==)."""
     return any(obj is x for x in items)

@@ -12,7 +12,7 @@ from transformers.generation import logits_process as lp
 
 from .. import params
 from ..edits import apply_edits, prepare_edits
-from .common import MASKS, Unsupported, is_in
+from .common import MASKS, Unsupported, is_in, is_mask
 
 __all__ = ["WARPERS", "UNSUPPORTED_CONFIG", "Ban", "TokenEdits", "ProcessorPlan",
            "plan_processors", "refuse_config", "finite_number"]
@@ -219,7 +219,7 @@ def _pure(head, user):
     (with a value sample() takes: transformers also runs inf, which stays in torch) or a
     mappable sequence_bias: then the penalty is fused and the single-token edits move into
     sample()."""
-    return all(isinstance(p, MASKS) or (not is_in(p, user) and (
+    return all(is_mask(p) or (not is_in(p, user) and (
         _fusable_penalty(p) or _single_bias(p) is not None)) for p in head)
 
 
