@@ -3,7 +3,10 @@
 A row's uniforms are a pure function of (seed, offset, token id):
     key  = splitmix64(seed ^ splitmix64(offset))                 64-bit row key
     h    = fmix32(fmix32(id * 0x9E3779B1 ^ key_lo) ^ key_hi)     32-bit hash per token
-    u    = (h >> 8 + 0.5) / 2**24                                in (0, 1)
+    u    = min((h >> 8 + 0.5) / 2**24, 1 - 2**-24)               in (0, 1)
+(in float32, a = h >> 8 = 2^24 - 1 gives a + 0.5 = 2^24 - 1/2, which rounds to 2^24, i.e. u = 1 and
+Gumbel noise +inf: that token won every draw it was kept in, a floor of 2^-24 per kept token per draw
+whatever its probability. The clamp maps it to the largest float32 below 1.)
 so the same (seed, offset) gives the same token on CPU and GPU, whatever else is in the batch.
 Written here with int64 tensors (wrapping multiply, logical shifts by masking); the kernel
 version is in kernels/sampling.py (_splitmix64, _fmix32, _uniform).
@@ -12,6 +15,7 @@ import numpy as np
 import torch
 
 _M32 = 0xFFFFFFFF
+U_MAX = 1.0 - 2.0 ** -24  # the largest float32 below 1: u never reaches 1 (G = +inf)
 
 
 def _s64(c):
@@ -49,7 +53,7 @@ def uniform(key_lo, key_hi, ids):
     h = ((ids & _M32) * 0x9E3779B1) & _M32
     h = _fmix32(h ^ key_lo)
     h = _fmix32(h ^ key_hi)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return (((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)).clamp_max(U_MAX)
 
 
 def gumbel(key_lo, key_hi, ids):
@@ -116,8 +120,8 @@ def gumbel_rows(seed, offset, ids):
         h = ids.numpy().astype(np.uint32) * np.uint32(0x9E3779B1)
         h = _np_fmix32(h ^ k0)
         h = _np_fmix32(h ^ k1)
-    u = torch.from_numpy(((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5))
-                         * np.float32(1.0 / 16777216.0))
+    u = torch.from_numpy(np.minimum(((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5))
+                                    * np.float32(1.0 / 16777216.0), np.float32(U_MAX)))
     return -torch.log(-torch.log(u))
 
 

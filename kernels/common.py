@@ -93,8 +93,9 @@ def _hash24(k0, k1, offs):
 
 @triton.jit
 def _uniform_of(a):
-    """u = (a + 1/2) 2^-24 from _hash24's bits."""
-    return (a + 0.5) * 5.9604644775390625e-08
+    """u = (a + 1/2) 2^-24 from _hash24's bits, at most 1 - 2^-24: a = 2^24 - 1 rounds to u = 1 in
+    fp32 (G = +inf, a forced winner: a 2^-24 floor on every kept token), so it is clamped."""
+    return tl.minimum((a + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)
 
 
 @triton.jit
@@ -105,8 +106,9 @@ def _gumbel(k0, k1, offs):
 
 @triton.jit
 def _gumbel_of(u):
-    """-ln(-ln u) in fp32 (+inf at u = 1, _uniform's one rounded-up value), as the twin's torch
-    chain (gpu_sampler/rng.py); every kernel's noise, the beam kernels' included."""
+    """-ln(-ln u) in fp32, as the twin's torch chain (gpu_sampler/rng.py); every kernel's
+    noise, the beam kernels' included. Finite for every u _uniform makes (u <= 1 - 2^-24:
+    G <= 16.64)."""
     return -tl.log(-tl.log(u))
 
 
@@ -144,7 +146,7 @@ def _ln_fast(x):
 @triton.jit
 def _gumbel_of_fast(u):
     """-ln(-ln u), within GUMBEL_FAST_ERR of _gumbel's fp32 chain for every u _uniform makes
-    (all 2^24 checked: tests/test_kernel_v3.py), +inf exactly where that is +inf (u = 1). Only for
+    (all 2^24 checked: tests/test_kernel_v3.py), finite as that is. Only for
     stage 1's approximate draw scores, whose error the merge's slack covers (merge.py)."""
     return -_ln_fast(0.0 - _ln_fast(u))
 
