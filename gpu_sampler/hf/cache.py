@@ -405,6 +405,12 @@ class StaticKVCache(Cache):
         When ``dtype`` is given the buffers are allocated now (on ``device``, default CPU), with
         the layout the model's attention writes; otherwise on the first forward, from the key
         states' dtype/device.
+    exact_length : bool
+        Full-attention layers return (and size masks for) only the positions written so far,
+        as a ``DynamicCache`` does, instead of the whole static buffer (shapes then change
+        every step). Attention over the longer, masked span is not bit-identical in every
+        kernel (torch's CPU attention in bf16 / fp16: logits 1 ulp apart, other greedy and
+        beam tokens); ``gpu_sampler.generate`` sets it there (``common.own_cache``).
 
     Full-attention layers hold ``keys`` / ``values`` of shape [max_batch_size, H_kv,
     max_cache_len, head_dim]; sliding layers [max_batch_size, H_kv, 2 * window, head_dim].
@@ -441,7 +447,8 @@ class StaticKVCache(Cache):
     max_batch_size = None
     max_cache_len = None
 
-    def __init__(self, config, max_batch_size, max_cache_len, dtype=None, device=None):
+    def __init__(self, config, max_batch_size, max_cache_len, dtype=None, device=None,
+                 exact_length=False):
         for name, v in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -455,7 +462,7 @@ class StaticKVCache(Cache):
                 layers.append(StaticSlidingKVLayer(max_batch_size, max_cache_len, window))
             else:
                 layers.append(StaticKVLayer(max_batch_size, max_cache_len,
-                                            exact_length=kind == "exact"))
+                                            exact_length=exact_length or kind == "exact"))
         super().__init__(layers=layers)
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len

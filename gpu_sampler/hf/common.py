@@ -83,9 +83,20 @@ def own_cache(model, batch, length):
     if _attends_both_ways(model):
         return None
     try:
-        return StaticKVCache(model.config, batch, length)
+        return StaticKVCache(model.config, batch, length, exact_length=exact_span(model))
     except (ValueError, NotImplementedError):  # layer types it does not hold: DynamicCache
         return None
+
+
+def exact_span(model):
+    """Whether our StaticKVCache must return the written positions only (``exact_length``),
+    as transformers' DynamicCache does: a half-precision model on the CPU. There torch's
+    attention over the static buffer's longer, masked key span rounds differently from the
+    same attention over the written keys (bf16 / fp16 logits 1 ulp apart from the prefill
+    on: other greedy tokens at near ties, other beams); in float32 the two agree bit for bit."""
+    p = next(model.parameters(), None)
+    return p is not None and p.device.type == "cpu" and p.dtype in (torch.float16,
+                                                                    torch.bfloat16)
 
 
 def _attends_both_ways(model):

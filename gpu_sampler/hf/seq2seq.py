@@ -49,8 +49,8 @@ from ..sampler import sample
 from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
-from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, is_in,
-                     prompt_history_mask, take_passed_cache, whole_max_length)
+from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, exact_span,
+                     is_in, prompt_history_mask, take_passed_cache, whole_max_length)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
@@ -469,7 +469,7 @@ def _own_cache(model, B, length):
     if not getattr(model, "_can_compile_fullgraph", False):
         return None
     try:
-        return StaticKVCache(decoder_config(model), B, length)
+        return StaticKVCache(decoder_config(model), B, length, exact_length=exact_span(model))
     except (ValueError, NotImplementedError):  # layer types it does not hold
         return None
 
