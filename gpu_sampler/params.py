@@ -146,8 +146,10 @@ def draw_seeds(B, device, generator, needed):
     """Per-row 63-bit seeds from the generator: one tiny launch, CUDA-graph safe, no sync."""
     if not needed:
         return 0
-    return torch.randint(0, 2 ** 63 - 1, (B,), device=device, dtype=torch.int64,
-                         generator=generator)
+    # no generator= keyword when there is none: torch.compile's fake randint.generator
+    # overload refuses a symbolic size (a dynamic batch)
+    gen = {} if generator is None else dict(generator=generator)
+    return torch.randint(0, 2 ** 63 - 1, (B,), device=device, dtype=torch.int64, **gen)
 
 
 def per_row(v, B, dtype, device):
@@ -157,19 +159,51 @@ def per_row(v, B, dtype, device):
     return torch.full((B,), v, dtype=dtype, device=device)
 
 
+def _op_number(name, v):
+    """A Python-number parameter as ``op_params`` broadcasts it (traced: no value checks, so
+    no guard on the value; the op's eager body applies check=False semantics). What eager
+    refuses whatever ``check`` is (a bool, a non-number, a fractional integer parameter) is
+    refused here too; seeds / offsets in [2**63, 2**64) become the int64 with the same bits,
+    integer parameters past int64 are clamped (top_k >= V keeps all)."""
+    kind = RULES[name].kind
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not isinstance(v, (torch.SymInt, torch.SymFloat)):
+            _scalar(name, v, 1, 1)  # raises the eager ValueError
+        return v
+    if kind == "float":
+        return v
+    if isinstance(v, float):
+        if kind == "seed" or not v.is_integer():
+            _scalar(name, v, 1, 1)  # raises the eager ValueError
+        v = int(v)  # an integral float is taken, as in eager
+    if kind == "seed":
+        return v - _U64 if v >= _U64 >> 1 else v
+    return max(-1, min(v, (_U64 >> 1) - 1))
+
+
 def op_params(values, prompt_lens, seed, offset, B, device):
     """(values, prompt_lens, seed, offset) as the custom ops take them under torch.compile:
     every parameter a [B] tensor (int64 for top_k, prompt_lens, seed and offset); no seed
-    draws per-row seeds from torch's default generator."""
-    rows = {k: per_row(v, B, torch.int64 if k == "top_k" else torch.float32, device)
+    draws per-row seeds from torch's default generator. Float numbers become float64 rows
+    and tensors keep their dtype, so the op's eager body rounds and checks them as
+    ``sample()`` does (a positive temperature that rounds to 0 makes the row invalid, an
+    integer temperature tensor is refused)."""
+    if offset is not None and seed is None:
+        raise ValueError(f"offset={fmt(offset)} needs seed: offsets index a seeded stream")
+
+    def row(name, v, dtype):
+        if isinstance(v, torch.Tensor):  # as given: the op body checks and converts it
+            return v.to(device=device)
+        return per_row(_op_number(name, v), B, dtype, device)
+
+    rows = {k: row(k, v, torch.float64 if RULES[k].kind == "float" else torch.int64)
             for k, v in values.items()}
     if seed is None:
         seed, offset = draw_seeds(B, device, None, True), 0
     offset = 0 if offset is None else offset
     if prompt_lens is not None:
-        prompt_lens = per_row(prompt_lens, B, torch.int64, device)
-    return (rows, prompt_lens, per_row(seed, B, torch.int64, device),
-            per_row(offset, B, torch.int64, device))
+        prompt_lens = row("prompt_lens", prompt_lens, torch.int64)
+    return (rows, prompt_lens, row("seed", seed, torch.int64), row("offset", offset, torch.int64))
 
 
 def needs_random(temperature):

@@ -101,6 +101,8 @@ def _as_rows(v, ids):
     return torch.full((ids.shape[0],), v, dtype=torch.int64, device=ids.device)
 
 
+@torch.compiler.disable  # numpy uint32 math: dynamo must not trace it (torch._numpy lacks
+# uint32 shifts); reached when sample() runs eagerly inside a compiled region (a graph break)
 def gumbel_rows(seed, offset, ids):
     """Gumbel noise [B, K] for token ids [B, K] of rows with seed / offset (int or int64 [B]).
 

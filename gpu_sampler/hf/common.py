@@ -22,6 +22,16 @@ def is_mask(p):
     return type(p) in MASKS
 
 
+def unwrap_compiled(model):
+    """The module a ``torch.compile(model)`` wrapper (``OptimizedModule``) holds: transformers'
+    ``compiled.generate`` is the wrapped module's own generate (attribute lookup falls
+    through to it), so generate() and patch() act on that module as transformers does."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    while isinstance(model, OptimizedModule):
+        model = model._orig_mod
+    return model
+
+
 def is_in(obj, items):
     """Identity membership (processors define no useful ==)."""
     return any(obj is x for x in items)

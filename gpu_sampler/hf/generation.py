@@ -24,7 +24,7 @@ from ..reference import processed_logits_reference
 from ..sampler import sample
 from . import assisted, compat, seq2seq
 from .buffers import Buffers
-from .common import Unsupported, raise_if_invalid
+from .common import Unsupported, raise_if_invalid, unwrap_compiled
 from .step_inputs import split_inputs
 from .plan import (plan_step, pop_extras, prepare_inputs, processors, refuse_arguments,
                    refuse_beam_options, resolve_config)
@@ -115,6 +115,7 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     >>> out.shape
     torch.Size([2, 7])
     """
+    model = unwrap_compiled(model)  # torch.compile(model): its module's generate, as in HF
     if seq2seq.supports(model):  # encoder-decoder models: their own loop (hf/seq2seq.py)
         return seq2seq.generate(
             model, inputs, generation_config, logits_processor, stopping_criteria,

@@ -29,7 +29,7 @@ import warnings
 from transformers.generation.utils import GenerationMixin
 
 from . import compat, seq2seq, whisper
-from .common import Unsupported
+from .common import Unsupported, unwrap_compiled
 from .generation import EXTRA_ARGS, generate
 
 __all__ = ["patch", "unpatch"]
@@ -171,6 +171,10 @@ def patch(model, fallback=True):
         >>> unpatch(model) is model  # back to transformers' generate
         True
     """
+    inner = unwrap_compiled(model)
+    if inner is not model:  # torch.compile(model): its generate is the module's; patch that
+        patch(inner, fallback)
+        return model
     current = model.__dict__.get("generate")
     if isinstance(current, _PatchedGenerate) or isinstance(model, _Delegated):
         _state(model)["fallback"] = bool(fallback)
@@ -189,6 +193,10 @@ def unpatch(model):
 
     Example: see :func:`patch`; unpatching a model that is not patched changes nothing.
     """
+    inner = unwrap_compiled(model)
+    if inner is not model:
+        unpatch(inner)
+        return model
     if isinstance(model, _Delegated):
         model.__class__ = _original_class(type(model))
         model.__dict__.pop(_STATE, None)
