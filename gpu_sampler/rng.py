@@ -101,18 +101,22 @@ def _as_rows(v, ids):
     return torch.full((ids.shape[0],), v, dtype=torch.int64, device=ids.device)
 
 
-@torch.compiler.disable  # numpy uint32 math: dynamo must not trace it (torch._numpy lacks
-# uint32 shifts); reached when sample() runs eagerly inside a compiled region (a graph break)
 def gumbel_rows(seed, offset, ids):
     """Gumbel noise [B, K] for token ids [B, K] of rows with seed / offset (int or int64 [B]).
 
-    The same bits as kernels/sampling.py's _uniform. CPU tensors take a numpy path with native
+    The same bits as kernels/common.py's _uniform. CPU tensors take a numpy path with native
     unsigned arithmetic (an order of magnitude fewer dispatches than int64 torch ops on the
     small candidate sets of the twin); other devices use the torch ops above.
     """
     if ids.device.type != "cpu":
         k_lo, k_hi = row_keys(_as_rows(seed, ids), _as_rows(offset, ids))
         return gumbel(k_lo, k_hi, ids)
+    return _gumbel_rows_cpu(seed, offset, ids)
+
+
+@torch.compiler.disable  # numpy uint32 math: dynamo must not trace it (torch._numpy lacks
+# uint32 shifts); reached when sample() runs eagerly inside a compiled region (a graph break)
+def _gumbel_rows_cpu(seed, offset, ids):
     B = ids.shape[0]
     if B <= 16:  # a few rows: Python ints beat a dozen numpy calls on 1-element arrays
         seeds = seed.tolist() if isinstance(seed, torch.Tensor) else [seed] * B
