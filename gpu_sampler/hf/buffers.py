@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache, DynamicCache
 
 from . import compat
 from .cache import StaticKVCache
-from .common import own_cache, prompt_history_mask
+from .common import history_skip, own_cache, prompt_history_mask
 
 __all__ = ["Buffers"]
 
@@ -105,6 +105,7 @@ class Buffers:
         typed, typed_new = plan.step.per_position(inp.P, kv_cap)
         out, hist, ignored = _sequences(inp, min(inp.gc.max_length,
                                                  inp.L0 + _INITIAL_NEW_POSITIONS))
+        ignored = history_skip(ignored, inp.L0, plan.sample_kw)
         mask = inp.mask.new_ones(inp.B, kv_cap)
         mask[:, :inp.P] = inp.mask
         bufs = cls(cache=cache, own=own, cache_cap=kv_cap if own else 0, kv=inp.past,

@@ -32,6 +32,17 @@ def unwrap_compiled(model):
     return model
 
 
+def history_skip(skip, L0, sample_kw):
+    """The history columns hidden from the penalties: ``skip`` (a mask's first attended kv
+    position, compared with sequence columns as transformers' repetition penalty does; past
+    the prompt width L0 it hides generated tokens: inputs_embeds, a passed cache with only the
+    new ids), at most L0 when presence / frequency penalties are on, which count every
+    generated token (they are not transformers'; the history is one tensor for all three)."""
+    if sample_kw.get("presence_penalty") or sample_kw.get("frequency_penalty"):
+        return skip.clamp(max=L0)
+    return skip
+
+
 def is_in(obj, items):
     """Identity membership (processors define no useful ==)."""
     return any(obj is x for x in items)

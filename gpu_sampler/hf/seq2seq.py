@@ -50,7 +50,8 @@ from . import compat
 from .beam_search import Decoder, beam_search
 from .cache import StaticKVCache
 from .common import (Unsupported, cache_rows, device_eos, drop_never_forwarded, exact_span,
-                     is_in, prompt_history_mask, take_passed_cache, whole_max_length)
+                     history_skip, is_in, prompt_history_mask, take_passed_cache,
+                     whole_max_length)
 from .processors import finite_number, plan_processors, refuse_config
 from .whisper import decoder_positions, delegates, positions_follow_mask, reproduces_hook
 
@@ -524,7 +525,7 @@ def _allocate(model, run):
         if run.dec_mask.shape[1] > L0:
             # A mask spanning a passed cache: transformers counts its left padding in sequence
             # columns, which may reach past the prompt into the generated tokens.
-            st.skip = (run.dec_mask != 0).int().argmax(dim=1)
+            st.skip = history_skip((run.dec_mask != 0).int().argmax(dim=1), L0, run.sample_kw)
     st.hist[:, :L0] = ids
     st.fixed_kw = _fixed_inputs(model, run, st)
     st.forward = model
