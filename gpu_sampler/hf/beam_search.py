@@ -274,6 +274,12 @@ class _Feed:
             input_ids = input_ids[:, -new:]
         self.pos = self.pos[..., -new:]
         extra = dict(self.prefill, **{k: buf[:, self.past:self.P] for k, buf in self.typed.items()})
+        if self.span > self.P:
+            # A static cache attends over its whole length from the prefill on: the 2-D mask
+            # must be that long too (Bloom builds its ALiBi bias from it; the greedy loop's
+            # prefill passes the same, Buffers.model_inputs). Unwritten slots are 1 and hidden
+            # by causality.
+            attention_mask = self.full_mask[:, :self.span]
         return input_ids, attention_mask, self.pos, embeds, extra
 
     def next(self, plan, beams):
