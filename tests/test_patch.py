@@ -227,3 +227,23 @@ def test_save_pretrained_saves_the_model_which_loads_unpatched(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(loaded) is type(model) and "generate" not in loaded.__dict__
     assert torch.equal(loaded.generate(ids, **kw), ref)
+
+
+def test_patched_generate_reads_like_the_bound_method_it_replaces():
+    """Code that reads model.generate's name, signature or function (logging, decorators made
+    with functools.wraps, inspect.signature to filter arguments) reads the same after patch,
+    on the model and on its copies."""
+    import functools
+    import inspect
+    model = tiny_model("llama", seed=0)
+    names = ("__name__", "__qualname__", "__func__")
+    before = {name: getattr(model.generate, name) for name in names}
+    signature = inspect.signature(model.generate)
+    patch(model)
+    for m in (model, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert {name: getattr(m.generate, name) for name in names} == before
+        assert inspect.signature(m.generate) == signature
+        assert functools.wraps(m.generate)(lambda: None).__name__ == "generate"
+        assert m.generate.__wrapped__.__self__ is m
+        with pytest.raises(AttributeError):
+            m.generate.no_such_attribute

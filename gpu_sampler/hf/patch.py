@@ -22,6 +22,7 @@ class, so the subclass pickles as the original class and is rebuilt on load
 in the instance's ``__dict__``: a bound method there would pickle as a ``getattr`` of its
 function's name on the model, which fails on load.
 """
+import inspect
 import threading
 import types
 import warnings
@@ -60,6 +61,29 @@ class _PatchedGenerate:
 
     def __reduce__(self):
         return _PatchedGenerate, (self.__self__,)
+
+    # What code reads off the bound method it replaces (its name for logs and decorators,
+    # ``inspect.signature`` for the accepted arguments, ``__func__``) reads the same after patch.
+    @property
+    def __name__(self):
+        return _original(self.__self__).__name__
+
+    def __getattr__(self, name):  # a property named __qualname__ would be the class's qualname
+        if name == "__qualname__":
+            return _original(self.__self__).__qualname__
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def __func__(self):
+        return _original(self.__self__).__func__
+
+    @property
+    def __wrapped__(self):
+        return _original(self.__self__)
+
+    @property
+    def __signature__(self):
+        return inspect.signature(_original(self.__self__))
 
 
 def _state(model):
