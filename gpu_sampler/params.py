@@ -166,18 +166,18 @@ def _op_number(name, v):
     refused here too; seeds / offsets in [2**63, 2**64) become the int64 with the same bits,
     integer parameters past int64 are clamped (top_k >= V keeps all)."""
     kind = RULES[name].kind
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        if not isinstance(v, (torch.SymInt, torch.SymFloat)):
-            _scalar(name, v, 1, 1)  # raises the eager ValueError
+    if isinstance(v, (torch.SymInt, torch.SymFloat)):
         return v
+    if kind == "seed":
+        return int64_seed(v, name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        _scalar(name, v, 1, 1)  # raises the eager ValueError
     if kind == "float":
         return v
     if isinstance(v, float):
-        if kind == "seed" or not v.is_integer():
+        if not v.is_integer():
             _scalar(name, v, 1, 1)  # raises the eager ValueError
         v = int(v)  # an integral float is taken, as in eager
-    if kind == "seed":
-        return v - _U64 if v >= _U64 >> 1 else v
     return max(-1, min(v, (_U64 >> 1) - 1))
 
 
