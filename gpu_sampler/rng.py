@@ -1,32 +1,29 @@
 """Counter-based randomness shared by the Triton kernel and the torch twin.
 
-A row's uniforms are a pure function of (seed, offset, token id):
+A row's noise is a pure function of (seed, offset, token id):
     key  = splitmix64(seed ^ splitmix64(offset))                 64-bit row key
     h    = fmix32(fmix32(id * 0x9E3779B1 ^ key_lo) ^ key_hi)     32-bit hash per token
-    u    = min((h >> 8 + 0.5) / 2**24, 1 - 2**-24)               in (0, 1)
+    w    = min(fl(h + 1/2) 2^-32, 1 - 2^-24)                     upper-tail variate, u = 1 - w
+    E    = -ln(1 - w)                                            Exp(1): a series below 1/16
+    G    = -ln(E)                                                Gumbel noise of the draw
 so the same (seed, offset) gives the same token on CPU and GPU, whatever else is in the batch.
 Written here with int64 tensors (wrapping multiply, logical shifts by masking); the kernel
-version is in kernels/common.py (_splitmix64, _fmix32, _hash24, _uniform_of).
+version is in kernels/common.py (_splitmix64, _fmix32, _hash32, _tail_of, _exp1_of,
+_gumbel_of), the same float32 operations in the same order.
 
-Float32 facts of u (the twenty-fifth session's statistical fuzzing):
-- a = h >> 8 = 2^24 - 1 gives a + 0.5 = 2^24 - 1/2, which rounds to 2^24: u = 1 and Gumbel
-  noise +inf, a token that won every draw it was kept in (a floor of 2^-24 per kept token per
-  draw, ~V 2^-24 of all draws: 0.76% at V = 128K). The min maps it to the largest float32
-  below 1 (G = 16.6); every other value is unchanged.
-- For a >= 2^23, a + 0.5 rounds to even, so u has 2^23 levels in [1/2, 1), each the centre of
-  its two hash values (unbiased). Two equal logits then share the top noise value about
-  V 2^-24 of the time, and the lower id wins that tie (the draw's rule): on an exactly flat
-  row of V = 128K the lower half of the ids is drawn ~0.2 percentage points more often than
-  the upper half (measured: 0.71% of draws on such a row had a tie at the top).
-- The noise's upper tail is cut: G <= -ln(-ln(1 - 2^-24)) = 16.64, and its top levels are
-  2^-24 apart in 1 - u, so a token of processed probability below ~3e-7 is under-drawn
-  (drawn / exact: 0.98 at 3e-7, 0.87 at 1.1e-7, 0.51 at 4e-8, 0.08 at 1.5e-8; measured 10
-  draws against 51.4 expected at 2.5e-8, 500K draws). On whole rows without filtering that
-  moves ~7e-5 (V = 32K, logits N(0, 2^2)) to ~1e-3 (V = 128K-152K, N(0, 3^2)) of the mass from
-  the far tail to the rest. A fix draws G from all 32 hash bits through the complement
-  (G = -ln(-log1p(-w)), w = (h + 1/2) 2^-32: exact up to G = 22.9) on both backends at once
-  (the kernels' noise, their fast bound and the screens follow the same chain): a change of
-  every seeded stream, not made yet (docs/notes.md, twenty-fifth session).
+Why w and not u (the twenty-sixth session): a Gumbel draw's upper tail P(G >= g) = e^-g
+lives in 1 - u, which float32 cannot resolve near u = 1. The earlier u = (h >> 8 + 1/2) 2^-24
+capped G at 16.64 and rounded its top levels to 2^-24 in 1 - u, so a token of processed
+probability below ~3e-7 was under-drawn (0.87x at 1.1e-7, 0.51x at 4e-8; ~1e-3 of the mass of
+an unfiltered V = 128K row moved out of the far tail). w near 0 keeps all 32 bits (fl(h) is
+exact below 2^24) and E is summed from w itself there, so P(G >= g) holds to one hash value
+in 2^32 up to g = 22.8 (G <= 22.87): tokens are drawn at their probability down to ~1e-10 of
+the kept mass. The clamp keeps the top 128 hash values (fl(h) = 2^32) finite (G = -2.81).
+Two equal logits share the top noise only on a 32-bit hash collision among the row's largest
+noises (the lower id wins such a tie: the draw's rule, first_best).
+
+``uniform`` (24 bits, u <= 1 - 2^-24) is the speculative acceptance test's uniform, where
+2^-24 resolution of a probability ratio is ample.
 """
 import numpy as np
 import torch
@@ -65,17 +62,39 @@ def row_keys(seed, offset):
     return (key & _M32).unsqueeze(1), (_lsr(key, 32) & _M32).unsqueeze(1)
 
 
-def uniform(key_lo, key_hi, ids):
-    """float32 uniforms in (0, 1) for token ids (int64, broadcast against [B, 1] keys)."""
+def _hash(key_lo, key_hi, ids):
     h = ((ids & _M32) * 0x9E3779B1) & _M32
     h = _fmix32(h ^ key_lo)
-    h = _fmix32(h ^ key_hi)
+    return _fmix32(h ^ key_hi)
+
+
+def uniform(key_lo, key_hi, ids):
+    """float32 uniforms in (0, 1) for token ids (int64, broadcast against [B, 1] keys)."""
+    h = _hash(key_lo, key_hi, ids)
     return (((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)).clamp_max(U_MAX)
 
 
+W_SCALE = 2.0 ** -32
+E_SERIES = 0.0625  # below it E is summed from w: 1 - w would round away w's low bits
+# 1/6, 1/5, 1/4, 1/3, 1/2 as float32 (the kernel's literals)
+_E_COEF = (0.1666666716337204, 0.20000000298023224, 0.25, 0.3333333432674408, 0.5)
+
+
+def gumbel_of_hash(h):
+    """G = -ln(-ln(1 - w)) from hash values h (any integer or float32 tensor: fl(h) is used),
+    float32, as kernels/common.py's _gumbel_of. E = -ln(1 - w) is w (1 + w/2 + ... + w^5/6)
+    below 1/16 (truncation <= 2^-26 of E), -ln(1 - w) above (1 - w rounds by <= 2^-21 of E)."""
+    w = ((h.to(torch.float32) + 0.5) * W_SCALE).clamp_max(U_MAX)
+    s = w * _E_COEF[0] + _E_COEF[1]
+    for c in _E_COEF[2:]:
+        s = s * w + c
+    s = s * w + 1.0
+    e = torch.where(w < E_SERIES, w * s, 0.0 - torch.log(1.0 - w))
+    return 0.0 - torch.log(e)
+
+
 def gumbel(key_lo, key_hi, ids):
-    u = uniform(key_lo, key_hi, ids)
-    return -torch.log(-torch.log(u))
+    return gumbel_of_hash(_hash(key_lo, key_hi, ids))
 
 
 def _np_fmix32(h):
@@ -113,7 +132,7 @@ def _as_rows(v, ids):
 def gumbel_rows(seed, offset, ids):
     """Gumbel noise [B, K] for token ids [B, K] of rows with seed / offset (int or int64 [B]).
 
-    The same bits as kernels/common.py's _uniform. CPU tensors take a numpy path with native
+    The same bits as kernels/common.py's _gumbel. CPU tensors take a numpy path with native
     unsigned arithmetic (an order of magnitude fewer dispatches than int64 torch ops on the
     small candidate sets of the twin); other devices use the torch ops above.
     """
@@ -143,9 +162,7 @@ def _gumbel_rows_cpu(seed, offset, ids):
         h = ids.numpy().astype(np.uint32) * np.uint32(0x9E3779B1)
         h = _np_fmix32(h ^ k0)
         h = _np_fmix32(h ^ k1)
-    u = torch.from_numpy(np.minimum(((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5))
-                                    * np.float32(1.0 / 16777216.0), np.float32(U_MAX)))
-    return -torch.log(-torch.log(u))
+    return gumbel_of_hash(torch.from_numpy(h.astype(np.float32)))
 
 
 def first_best(score, ids, V):

@@ -51,9 +51,9 @@ order, so the result is the same for any chunk count, batch and FP.
 The screened draw (nineteenth session). The row's winner max over the kept set of
 (x - M) + G is Gumbel-distributed with location ln W_kept >= ln(p Z), so it lies below
 S = ln(p Z) - 3 (band_plan._band_screen_bound) with probability <= exp(-e^3) = 1.9e-9. A token can
-score >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u: the gather tests
-1 - u <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
-after the hash (on its bits: one multiply-add, one compare; common._screened) and scores
+score >= S only if E = -ln(1 - w) <= e^(x - M - S) (G = -ln E), and E >= w: the gather tests
+w <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
+after the hash (on its bits: one multiply, one compare; common._screened) and scores
 exactly (two logs and the winner's reduction) only in a block where some kept lane passes:
 ~e^3 / p = 21 tokens a row pass, so ~15% of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
 row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
@@ -75,9 +75,9 @@ import triton.language as tl
 from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
 from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _gumbel,
-                     _gumbel_of, _hash24, _kept_slots, _maxmin_combine, _param, _penalised_tile,
+                     _gumbel_of, _hash32, _kept_slots, _maxmin_combine, _param, _penalised_tile,
                      _pivot_update, _pivots, _quotient, _row_key, _row_scale, _screen_scale,
-                     _screened, _uniform_of)
+                     _screened)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -105,7 +105,7 @@ def _screened_winner(x, a, cand, M, scores, TILE: tl.constexpr):
     i_b = tl.zeros([], tl.int32)
     x_b = tl.full([], float("-inf"), tl.float32)
     if scores:
-        score = tl.where(cand, (x - M) + _gumbel_of(_uniform_of(a)), float("-inf"))
+        score = tl.where(cand, (x - M) + _gumbel_of(a), float("-inf"))
         # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
@@ -149,7 +149,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     kept = above
     if HAS_MINP:
         kept = above & (x - M >= lminp)
-    a = _hash24(k0, k1, offs)
+    a = _hash32(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)
     # min x above, max x below, the screen's count and the mass above: one reduction
     lo = tl.where(above, x, float("inf"))
@@ -366,13 +366,13 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, l
         e = tl.exp(x - M)
         keep = ok & (q > b) & (x - M >= lminp)
         zq += tl.where(keep, (e * FX).to(tl.int64), 0)
-        a = _hash24(k0, k1, ids)
+        a = _hash32(k0, k1, ids)
         cand = _screened(keep, a, e, ks, True)
         # the tile's bucket-b count and its screened lanes in one reduction
         nsel, ncand = tl.reduce((sel.to(tl.int32), cand.to(tl.int32)), 0, _add2)
         m += nsel
         if ncand > 0:
-            score = (x - M) + _gumbel_of(_uniform_of(a))
+            score = (x - M) + _gumbel_of(a)
             upd = cand & ((score > sl) | ((score == sl) & (ids < il)))
             sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
     best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _gumbel, _gumbel_of, _splitmix64, _uniform
+from .common import _gumbel, _splitmix64
 from .launch import next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
@@ -61,8 +61,7 @@ def _final_keys(bc, bi, M, logz, a, T, k0, k1, NORMALIZE: tl.constexpr, HAS_NOIS
         v = (a * ((bc - M) - logz)) / T
     key = v
     if HAS_NOISE:
-        u = _uniform(k0, k1, tl.where(bi >= 0, bi, 0))
-        key = v + _gumbel_of(u)
+        key = v + _gumbel(k0, k1, tl.where(bi >= 0, bi, 0))
     return v, key
 
 

@@ -72,44 +72,52 @@ def _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T: tl.constexpr, OFF_T:
 
 
 @triton.jit
-def _uniform(k0, k1, offs):
-    """u in (0, 1) from a counter-based hash of (row key, token id); 24 random bits.
-
-    The same function is written in torch in gpu_sampler/rng.py, so the kernel and the torch twin
-    draw the same token for the same (seed, offset).
-    """
-    return _uniform_of(_hash24(k0, k1, offs))
-
-
-@triton.jit
-def _hash24(k0, k1, offs):
-    """_uniform's 24 random bits of a token, as a float a in [0, 2^24) (exact): u = (a + 1/2)
-    2^-24. The screen (_screened) tests a itself."""
+def _hash32(k0, k1, offs):
+    """A token's 32 random bits h from a counter-based hash of (row key, token id), as the fp32
+    number fl(h) (exact below 2^24, where the noise's upper tail lives). The same function is
+    written in torch in gpu_sampler/rng.py, so the kernel and the twin draw the same token for
+    the same (seed, offset). The screen (_screened) tests these bits themselves."""
     h = offs.to(tl.uint32) * 0x9E3779B1
     h = _fmix32(h ^ k0)
     h = _fmix32(h ^ k1)
-    return (h >> 8).to(tl.float32)
+    return h.to(tl.float32)
 
 
 @triton.jit
-def _uniform_of(a):
-    """u = (a + 1/2) 2^-24 from _hash24's bits, at most 1 - 2^-24: a = 2^24 - 1 rounds to u = 1 in
-    fp32 (G = +inf, a forced winner: a 2^-24 floor on every kept token), so it is clamped."""
-    return tl.minimum((a + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)
+def _tail_of(a):
+    """w = (a + 1/2) 2^-32 from _hash32's bits a: the Gumbel noise's upper-tail variate (u =
+    1 - w), resolved to 2^-33 near 0 where u near 1 cannot be; at most 1 - 2^-24 (fl(h) rounds
+    to 2^32 for the top 128 hash values, which would give w = 1 and G = -inf)."""
+    return tl.minimum((a + 0.5) * 2.3283064365386963e-10, 0.99999994039535522)
+
+
+@triton.jit
+def _exp1_of(w):
+    """E = -ln(1 - w) > 0 in fp32 (rng.gumbel_of_hash's E, the same operations): the series
+    w (1 + w/2 + ... + w^5/6) below w = 1/16 (truncation <= 2^-26 relative), where 1 - w
+    would round away w's low bits, else -ln(1 - w) (1 - w rounds by <= 2^-25: <= 2^-21 of E)."""
+    s = w * 0.1666666716337204 + 0.20000000298023224
+    s = s * w + 0.25
+    s = s * w + 0.3333333432674408
+    s = s * w + 0.5
+    s = s * w + 1.0
+    return tl.where(w < 0.0625, w * s, 0.0 - tl.log(1.0 - w))
 
 
 @triton.jit
 def _gumbel(k0, k1, offs):
-    """The draw's Gumbel noise of a token: -ln(-ln u), u = _uniform(k0, k1, offs)."""
-    return _gumbel_of(_uniform(k0, k1, offs))
+    """The draw's Gumbel noise of a token (_gumbel_of of its hash bits)."""
+    return _gumbel_of(_hash32(k0, k1, offs))
 
 
 @triton.jit
-def _gumbel_of(u):
-    """-ln(-ln u) in fp32, as the twin's torch chain (gpu_sampler/rng.py); every kernel's
-    noise, the beam kernels' included. Finite for every u _uniform makes (u <= 1 - 2^-24:
-    G <= 16.64)."""
-    return -tl.log(-tl.log(u))
+def _gumbel_of(a):
+    """G = -ln(E), E = -ln(1 - w), w = _tail_of(a): every kernel's noise, the beam kernels'
+    included, as the twin's torch chain (gpu_sampler/rng.py). Finite, in [-2.81, 22.87]: its
+    upper tail P(G >= g) = 1 - e^(-e^-g) holds to one hash value in 2^32 up to g = 22.8, so a
+    token is drawn at its probability down to ~1e-10 of the kept mass (u = (h + 1/2) 2^-24 from
+    24 bits capped G at 16.64 and under-drew tokens below ~3e-7: 0.51x at 4e-8)."""
+    return 0.0 - tl.log(_exp1_of(_tail_of(a)))
 
 
 # ln(1 + f) / f for f in [-1/3, 1/3): a degree-6 fit (relative error 2^-19.8), Horner from the top
@@ -121,9 +129,31 @@ LN_C2 = tl.constexpr(0.3333767056465149)
 LN_C1 = tl.constexpr(-0.5000224113464355)
 LN_C0 = tl.constexpr(0.9999998807907104)
 LN2 = tl.constexpr(0.6931471805599453)
-# the bound on |_gumbel_of_fast(u) - _gumbel's -ln(-ln u)| over every u (measured: 2^-19.0
-# against numpy's fp32 chain, 2^-19.1 against float64; fp32 chain itself 2^-20.7 from float64)
+# the bound on |_gumbel_of_fast(a) - _gumbel_of(a)| over every hash value (all 2^24 + 2^26
+# distinct fl(h), tests/test_kernel_v3.py: 2^-18.83 measured against the twin's fp32 chain,
+# which is itself within 2^-19.9 of float64 where G > 0)
 GUMBEL_FAST_ERR = tl.constexpr(2.0 ** -18)
+
+
+@triton.jit
+def _ln_parts(x):
+    """(e, f) with x = 2^e (1 + f), f in [-1/3, 1/3) exact, for a normal x > 0."""
+    b = x.to(tl.int32, bitcast=True)
+    e = (b - 0x3F2AAAAB) >> 23
+    f = (b - (e << 23)).to(tl.float32, bitcast=True) - 1.0
+    return e, f
+
+
+@triton.jit
+def _ln_poly(e, f):
+    """e ln 2 + ln(1 + f) for f in [-1/3, 1/3), to ~2^-20 relative."""
+    q = LN_C6 * f + LN_C5
+    q = q * f + LN_C4
+    q = q * f + LN_C3
+    q = q * f + LN_C2
+    q = q * f + LN_C1
+    q = q * f + LN_C0
+    return e.to(tl.float32) * LN2 + f * q
 
 
 @triton.jit
@@ -131,29 +161,25 @@ def _ln_fast(x):
     """ln(x) for x >= 0 (normal or zero; 0 -> -inf), to ~2^-20 relative: x = 2^e m with m in
     [2/3, 4/3), ln x = e ln 2 + f P(f), f = m - 1 (exact). Half the instructions of tl.log
     (libdevice's degree-10 polynomial plus its denormal and special-value paths)."""
-    b = x.to(tl.int32, bitcast=True)
-    e = (b - 0x3F2AAAAB) >> 23
-    f = (b - (e << 23)).to(tl.float32, bitcast=True) - 1.0
-    q = LN_C6 * f + LN_C5
-    q = q * f + LN_C4
-    q = q * f + LN_C3
-    q = q * f + LN_C2
-    q = q * f + LN_C1
-    q = q * f + LN_C0
-    return tl.where(x > 0.0, e.to(tl.float32) * LN2 + f * q, float("-inf"))
+    e, f = _ln_parts(x)
+    return tl.where(x > 0.0, _ln_poly(e, f), float("-inf"))
 
 
 @triton.jit
-def _gumbel_of_fast(u):
-    """-ln(-ln u), within GUMBEL_FAST_ERR of _gumbel's fp32 chain for every u _uniform makes
-    (all 2^24 checked: tests/test_kernel_v3.py), finite as that is. Only for
-    stage 1's approximate draw scores, whose error the merge's slack covers (merge.py)."""
-    return -_ln_fast(0.0 - _ln_fast(u))
+def _gumbel_of_fast(a):
+    """_gumbel_of(a) within GUMBEL_FAST_ERR. E = -ln(1 - w) takes f = -w itself where 1 - w is
+    in [2/3, 1] (e = 0: no rounding of 1 - w, so the tail keeps every bit of w), -ln(1 - w)
+    elsewhere; then G = -ln E, both logs _ln_fast's polynomial. Only for stage 1's approximate
+    draw scores, whose error the merge's slack covers (merge.py)."""
+    w = _tail_of(a)
+    e, f = _ln_parts(1.0 - w)
+    f = tl.where(e == 0, 0.0 - w, f)
+    return 0.0 - _ln_fast(0.0 - _ln_poly(e, f))
 
 
 @triton.jit
 def _gumbel_fast(k0, k1, offs):
-    return _gumbel_of_fast(_uniform(k0, k1, offs))
+    return _gumbel_of_fast(_hash32(k0, k1, offs))
 
 
 @triton.jit
@@ -246,12 +272,12 @@ def _word_slots(w0, w1, t0, t1, TILE: tl.constexpr, R: tl.constexpr):
 # 1.9e-9. A kernel scores exactly (two logs a token) only the tokens that can reach S and the
 # finish checks the winner against S, re-drawing the row unscreened below it: every answer is
 # the unscreened one whatever the noise; W only sets how often that happens. Floor -60: a token
-# whose e^(x - M) flushes to 0 (x - M < -87.3) scores < -70 (the noise is < 17.4).
+# whose e^(x - M) flushes to 0 (x - M < -87.3) scores < -64 (the noise is < 22.9).
 SCREEN_C = tl.constexpr(3.0)
 SCREEN_FLOOR = tl.constexpr(-60.0)
 # the screen's slack in score units (_screen_scale): covers the fp32 rounding of e^(x - M) (its
-# argument's rounding included, |x - M| < 90), of the product e ks, of 1 - u and of the score's
-# two logs and sum, each a few ulp, by orders of magnitude
+# argument's rounding included, |x - M| < 90), of the product e ks, of w and E and of the
+# score's two logs and sum, each a few ulp, by orders of magnitude
 SCREEN_M = tl.constexpr(2.0 ** -7)
 
 
@@ -271,16 +297,15 @@ def _screen_scale(s):
 @triton.jit
 def _screened(kept, a, e, ks, SCREEN: tl.constexpr):
     """The kept lanes the draw scores: with SCREEN only those that can score >= S. A lane
-    scores >= S only if -ln u <= e^(x - M - S), and -ln u >= 1 - u, so a lane with
-    1 - u > e ks scores < S: its noise's two logs are skipped, and the whole block's when every
-    lane is (a uniform branch). With ks = +inf every kept lane with e > 0 is scored.
-    Tested on the hash bits a (_hash24, u = (a + 1/2) 2^-24): 1 - u <= e ks is
-    a >= 2^24 - 1/2 - e ks 2^24, and the test a >= fl(2^24 - 2 - e ks 2^24) keeps every such
-    lane (its product and difference round by <= 1/2 each below 2^24; a larger product makes
-    it negative): a superset, in one multiply-add and a compare (the form on u took three
-    more instructions a lane, ahead of u itself, which only a scoring block needs)."""
+    scores >= S only if E = -ln(1 - w) <= e^(x - M - S), and E >= w, so a lane with w > e ks
+    scores < S: its noise's two logs are skipped, and the whole block's when every lane is (a
+    uniform branch). With ks = +inf every kept lane with e > 0 is scored.
+    Tested on the hash bits a (_hash32, w = (a + 1/2) 2^-32): a <= fl(e fl(ks 2^32)) keeps every
+    lane with w <= e ks (the dropped 1/2 and the product's rounding, <= 2^-23 relative, are far
+    inside SCREEN_M): a superset, in one multiply and a compare (w itself, and the logs, only a
+    scoring block computes)."""
     if SCREEN:
-        return kept & (a >= 16777214.0 - e * (ks * 16777216.0))
+        return kept & (a <= e * (ks * 4294967296.0))
     return kept
 
 

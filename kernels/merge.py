@@ -552,8 +552,8 @@ def _merge_kernel(
     # fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M) +
     # 2^-20 (A_t + |M| + 64),
     # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between and G's error total at most
-    # 2^-24 (8 A_t + 3 |M| + 53 + 64) (|G| <= 17.4: u <= 1 - 2^-24 keeps G <= 16.7 and
-    # finite, common._uniform_of).
+    # 2^-24 (8 A_t + 3 |M| + 69 + 64) (|G| <= 22.9: common._gumbel_of's noise is finite, in
+    # [-2.81, 22.87]).
     # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
     # lowest id, the same token the row pass draws; else the row takes the fallback.
     exact = sampling & (~ovf)

@@ -47,8 +47,8 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW
-from .common import (_better, _gumbel_of, _hash24, _param, _penalised_tile, _row_key,
-                     _row_scale, _screen_scale, _screened, _uniform_of)
+from .common import (_better, _gumbel_of, _hash32, _param, _penalised_tile, _row_key,
+                     _row_scale, _screen_scale, _screened)
 
 # row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, HI, and S, the
 # draw's screen bound, common.py; the hand-over itself is flagged in the merge's outputs: token
@@ -202,7 +202,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
     x = xp / tdiv
     e = tl.exp(x - M)
     kept = inb & (x >= HI) & (x > float("-inf")) & (x - M >= lminp)
-    a = _hash24(k0, k1, offs)
+    a = _hash32(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)
     s_b = tl.full([], float("-inf"), tl.float32)
     i_b = tl.zeros([], tl.int32)
@@ -211,7 +211,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
     if SCREEN:
         scores = tl.max(cand.to(tl.int32), axis=0) > 0
     if scores:
-        score = tl.where(cand, (x - M) + _gumbel_of(_uniform_of(a)), float("-inf"))
+        score = tl.where(cand, (x - M) + _gumbel_of(a), float("-inf"))
         # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)

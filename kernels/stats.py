@@ -58,7 +58,7 @@ I_NFIN, I_NPOS, I_NNAN, I_NCAND, I_BID = (tl.constexpr(i) for i in range(5))
 NF = tl.constexpr(6)
 NI = tl.constexpr(5)
 # the merge's bound on a pure row's unstored scores: 2^-20 (A + |M| + 64) covers x' - x and the
-# roundings between s = fl(x' + G) and fl(fl(x - M) + G), 2^-24 (8 A + 3 |M| + 53) in all
+# roundings between s = fl(x' + G) and fl(fl(x - M) + G), 2^-24 (8 A + 3 |M| + 69) in all
 # (kernels/merge.py, "pure temperature")
 DRAW_SLACK = tl.constexpr(2.0 ** -20)
 # a block whose max |x| (after the temperature) reaches this takes the exact path (_block_stats):

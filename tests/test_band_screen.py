@@ -47,29 +47,29 @@ def _screen_on(monkeypatch):
 class ScoredBlocks:
     """How many gather blocks took the exact draw (n: calls of band.py's _gumbel_of from
     _screened_winner, one a block whose screen let a lane through); the same for the finish's
-    band-list tiles (tiles_scored, of tiles: its _hash24 calls from _band_filter)."""
+    band-list tiles (tiles_scored, of tiles: its _hash32 calls from _band_filter)."""
 
     def __init__(self, monkeypatch):
         band = _modules()[0]
-        gumbel_of, hash24 = band._gumbel_of, band._hash24
+        gumbel_of, hash32 = band._gumbel_of, band._hash32
         self.n = self.tiles = self.tiles_scored = 0
 
         def caller():
             return sys._getframe(2).f_code.co_name
 
-        def counted(u):
+        def counted(a):
             if caller() == "_screened_winner":
                 self.n += 1
             elif caller() == "_band_filter":
                 self.tiles_scored += 1
-            return gumbel_of(u)
+            return gumbel_of(a)
 
         def tile(k0, k1, offs):
             self.tiles += caller() == "_band_filter"
-            return hash24(k0, k1, offs)
+            return hash32(k0, k1, offs)
 
         monkeypatch.setattr(band, "_gumbel_of", counted)
-        monkeypatch.setattr(band, "_hash24", tile)
+        monkeypatch.setattr(band, "_hash32", tile)
 
 
 def _flat_rows(B, V, g):
@@ -146,22 +146,25 @@ def test_one_program_a_block_scores_every_block(monkeypatch):
 
 
 def test_screen_on_the_hash_bits_keeps_every_lane_the_exact_test_keeps():
-    """common._screened tests the hash bits a (u = (a + 1/2) 2^-24) against fl(2^24 - 2 -
-    e ks 2^24): every lane with 1 - u <= e ks in exact arithmetic passes (near the edge a on
-    both sides, e ks from 2^-30 to 2^3, ks = +inf), and few others (a superset by <= 2 a)."""
+    """common._screened tests the hash bits a = fl(h) (w = (a + 1/2) 2^-32) against
+    fl(e fl(ks 2^32)): every lane with w <= e ks (1 - 2^-20) in exact arithmetic passes (the
+    2^-20 is the product's rounding, far inside the screen's 2^-7 slack, common.SCREEN_M) near
+    the edge on both sides, e ks from 2^-34 to 2^3, ks = +inf; and few others."""
     import numpy as np
     g = torch.Generator().manual_seed(75)
     n = 4096
     for ks in (1.0, 3.7e-3, 21.3, 5.0e4, float("inf")):
-        t = torch.rand(n, generator=g, dtype=torch.float64) * 33 - 30   # e ks in 2^[-30, 3)
+        t = torch.rand(n, generator=g, dtype=torch.float64) * 37 - 34   # e ks in 2^[-34, 3)
         e = (2.0 ** t / (ks if ks != float("inf") else 1.0)).float()
         e[:8] = 0.0
         w = e.double() * ks  # exact in float64 (24 x 24 bits)
-        edge = torch.floor(2.0 ** 24 - 0.5 - w * 2.0 ** 24).clamp(0, 2 ** 24 - 1)
-        a = (edge + torch.randint(-2, 3, (n,), generator=g)).clamp(0, 2 ** 24 - 1).float()
+        edge = torch.floor(w * 2.0 ** 32 - 0.5).clamp(0, 2 ** 32 - 1)
+        step = torch.where(edge < 2 ** 24, 1.0, 2.0 ** (torch.log2(edge.clamp(min=1)).floor() - 23))
+        h = (edge + torch.randint(-2, 3, (n,), generator=g) * step).clamp(0, 2 ** 32 - 1)
+        a = h.float()  # fl(h), as the kernel's _hash32 converts it
         out = torch.zeros(n, dtype=torch.int8)
         _screen_kernel[(1,)](a, e, ks, out, N=n)
-        exact = 1.0 - (a.double() + 0.5) * 2.0 ** -24 <= w
+        exact = (a.double() + 0.5) * 2.0 ** -32 <= w * (1 - 2.0 ** -20)
         got = out.bool()
         assert not (exact & ~got).any(), (ks, np.flatnonzero((exact & ~got).numpy())[:5])
-        assert (got & ~exact).sum() <= n // 2
+        assert (got & ~(a.double() * 2.0 ** -32 <= w * (1 + 2.0 ** -20))).sum() == 0

@@ -106,17 +106,21 @@ def _hf_chain(model, kw, ids, mask):
 
 def test_sampling_scores_are_transformers_chain_every_step(model, prompts, free):
     """Under sampling, every step's processed scores are transformers' chain applied to the
-    same raw logits and history (the distribution drawn from), and each token lies in it."""
+    same raw logits and history (the distribution drawn from), and each token lies in it
+    (a row that has drawn an eos token is padded from the next step on, as in transformers)."""
     ids, mask = prompts
     kw = dict(_cases(free)["combined_rp"], attention_mask=mask, max_new_tokens=8,
               do_sample=True, temperature=0.8, top_k=40, top_p=0.9, pad_token_id=0,
               return_dict_in_generate=True, output_scores=True, output_logits=True)
     out = generate(model, ids, seed=5, **kw)
     chain, L = _hf_chain(model, kw, ids, mask), ids.shape[1]
+    live = torch.ones(ids.shape[0], dtype=torch.bool)
     for i, (scores, logits) in enumerate(zip(out.scores, out.logits)):
         expect = chain(out.sequences[:, :L + i], logits.clone())
         torch.testing.assert_close(scores, expect, atol=1e-5, rtol=0)
-        assert bool(torch.isfinite(scores.gather(1, out.sequences[:, L + i, None])).all())
+        tok = out.sequences[:, L + i]
+        assert bool(torch.isfinite(scores.gather(1, tok[:, None]))[live].all())
+        live &= ~torch.isin(tok, torch.tensor(kw["eos_token_id"]))
 
 
 def _spy(monkeypatch):

@@ -18,9 +18,9 @@ if "triton" in BACKENDS:
     from gpu_sampler.kernels import common, merge
 
     @triton.jit
-    def _fast_gumbel_kernel(u_ptr, f_ptr, BLOCK: tl.constexpr):
+    def _fast_gumbel_kernel(a_ptr, f_ptr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(f_ptr + offs, common._gumbel_of_fast(tl.load(u_ptr + offs)))
+        tl.store(f_ptr + offs, common._gumbel_of_fast(tl.load(a_ptr + offs)))
 
     @triton.jit
     def _prune_bound_kernel(h_ptr, m_ptr, t_ptr, lb_ptr, NB: tl.constexpr):
@@ -132,16 +132,25 @@ def _seed_with_top_hash(V):
     raise AssertionError("no seed found")
 
 
-def test_fast_gumbel_within_its_bound_for_every_u():
-    """Stage 1's approximate scores use _gumbel_of_fast (short-polynomial logs): over all 2^24
-    values u takes, |G_fast - G| <= GUMBEL_FAST_ERR against the twin's fp32 -log(-log u) (the
-    merge's slack budgets that much), and both are finite (u < 1: rng.U_MAX)."""
+def _hash_floats():
+    """Every value fl(h) takes for a 32-bit hash h: all of [0, 2^24), then 2^23 a binade up to
+    2^32 (2^24 + 2^26 values; the noise depends on h only through fl(h))."""
+    top = [2.0 ** k * (1.0 + torch.arange(1 << 23, dtype=torch.float64) * 2.0 ** -23)
+           for k in range(24, 32)]
+    return torch.cat([torch.arange(1 << 24, dtype=torch.float64)] + top + [
+        torch.tensor([2.0 ** 32], dtype=torch.float64)]).to(torch.float32)
+
+
+def test_fast_gumbel_within_its_bound_for_every_hash():
+    """Stage 1's approximate scores use _gumbel_of_fast (short-polynomial logs): over every
+    value the hash bits take, |G_fast - G| <= GUMBEL_FAST_ERR against the twin's fp32 chain
+    (rng.gumbel_of_hash; the merge's slack budgets that much), and both are finite."""
     from gpu_sampler import rng
-    h = torch.arange(1 << 24, dtype=torch.float32)
-    u = ((h + 0.5) * 5.9604644775390625e-08).clamp_max(rng.U_MAX)  # rng.uniform's u, every value
-    fast = torch.empty_like(u)
-    _fast_gumbel_kernel[(u.numel() >> 16,)](u, fast, BLOCK=1 << 16)
-    ref = -torch.log(-torch.log(u))
+    a = _hash_floats()
+    a = torch.cat([a, a[:(-a.numel()) % (1 << 16)]])  # whole launch blocks
+    fast = torch.empty_like(a)
+    _fast_gumbel_kernel[(a.numel() >> 16,)](a, fast, BLOCK=1 << 16)
+    ref = rng.gumbel_of_hash(a)
     assert bool(torch.isfinite(ref).all()) and bool(torch.isfinite(fast).all())
     assert float((fast - ref).abs().max()) <= common.GUMBEL_FAST_ERR
 
