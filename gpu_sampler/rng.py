@@ -22,14 +22,14 @@ the kept mass. The clamp keeps the top 128 hash values (fl(h) = 2^32) finite (G 
 Two equal logits share the top noise only on a 32-bit hash collision among the row's largest
 noises (the lower id wins such a tie: the draw's rule, first_best).
 
-``uniform`` (24 bits, u <= 1 - 2^-24) is the speculative acceptance test's uniform, where
-2^-24 resolution of a probability ratio is ample.
+``uniform`` is w itself, speculative_sample's acceptance uniform (u q < p): from 24 bits
+(u >= 2^-25) a draft with p / q below 2^-25 was never accepted; w takes it at its rate.
 """
 import numpy as np
 import torch
 
 _M32 = 0xFFFFFFFF
-U_MAX = 1.0 - 2.0 ** -24  # the largest float32 below 1: u never reaches 1 (G = +inf)
+U_MAX = 1.0 - 2.0 ** -24  # the largest float32 below 1: w never reaches 1 (G = -inf)
 
 
 def _s64(c):
@@ -68,13 +68,23 @@ def _hash(key_lo, key_hi, ids):
     return _fmix32(h ^ key_hi)
 
 
-def uniform(key_lo, key_hi, ids):
-    """float32 uniforms in (0, 1) for token ids (int64, broadcast against [B, 1] keys)."""
-    h = _hash(key_lo, key_hi, ids)
-    return (((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)).clamp_max(U_MAX)
-
-
 W_SCALE = 2.0 ** -32
+
+
+def uniform_of_hash(h):
+    """w = min(fl(h + 1/2) 2^-32, 1 - 2^-24) in float32 for hash values h (any integer or
+    float32 tensor: fl(h) is used): P(w < r) = r to within 2^-33 for r below 2^-8 and 2^-25
+    everywhere (the levels are 2^-32 apart near 0, 2^-24 near 1)."""
+    return ((h.to(torch.float32) + 0.5) * W_SCALE).clamp_max(U_MAX)
+
+
+def uniform(key_lo, key_hi, ids):
+    """float32 uniforms in (0, 1) for token ids (int64, broadcast against [B, 1] keys): the
+    tail variate w of the draw's noise (uniform_of_hash). A test u < r then holds at rate r
+    down to r ~ 2^-32 (speculative_sample's acceptance of a draft with p / q ~ 1e-9)."""
+    return uniform_of_hash(_hash(key_lo, key_hi, ids))
+
+
 E_SERIES = 0.0625  # below it E is summed from w: 1 - w would round away w's low bits
 # 1/6, 1/5, 1/4, 1/3, 1/2 as float32 (the kernel's literals)
 _E_COEF = (0.1666666716337204, 0.20000000298023224, 0.25, 0.3333333432674408, 0.5)
@@ -84,7 +94,7 @@ def gumbel_of_hash(h):
     """G = -ln(-ln(1 - w)) from hash values h (any integer or float32 tensor: fl(h) is used),
     float32, as kernels/common.py's _gumbel_of. E = -ln(1 - w) is w (1 + w/2 + ... + w^5/6)
     below 1/16 (truncation <= 2^-26 of E), -ln(1 - w) above (1 - w rounds by <= 2^-21 of E)."""
-    w = ((h.to(torch.float32) + 0.5) * W_SCALE).clamp_max(U_MAX)
+    w = uniform_of_hash(h)
     s = w * _E_COEF[0] + _E_COEF[1]
     for c in _E_COEF[2:]:
         s = s * w + c

@@ -51,10 +51,16 @@ def test_every_path_gives_the_same_finite_noise():
     assert torch.equal(torch_path, few) and torch.equal(many, few.expand(17, -1))
 
 
-def test_acceptance_uniform_stays_below_one():
-    """rng.uniform (24 bits, the speculative acceptance test's) keeps its clamp."""
-    seed = next(s for s in range(100000) if ((_hashes(s, 20000) >> 8) == 2 ** 24 - 1).any())
-    ids = torch.from_numpy(np.flatnonzero((_hashes(seed, 20000) >> 8) == 2 ** 24 - 1))[:1]
+def test_acceptance_uniform_holds_its_rate_near_zero():
+    """rng.uniform, speculative_sample's acceptance uniform (accept when u q < p): the number of
+    hash values with u < r is r 2^32 to +-1 for r = 1e-9 .. 1e-3 (from 24 bits u >= 2^-25: a
+    draft with p / q < 2^-25 was never accepted), and the top hash values stay below 1."""
+    u = rng.uniform_of_hash(torch.arange(1 << 24, dtype=torch.int64))
+    for r in (1e-9, 1e-8, 1e-7, 1e-5, 1e-3):
+        n = int((u * 1.0 < torch.tensor(r, dtype=torch.float32)).sum())
+        assert abs(n - r * 2.0 ** 32) <= 1 + 1e-6 * r * 2.0 ** 32, (r, n)
+    seed = next(s for s in range(100000) if (_hashes(s, 20000) >= 2 ** 32 - 128).any())
+    ids = torch.from_numpy(np.flatnonzero(_hashes(seed, 20000) >= 2 ** 32 - 128))[:1]
     lo, hi = rng.row_keys(torch.tensor([seed]), torch.tensor([0]))
     assert float(rng.uniform(lo, hi, ids[None])) == rng.U_MAX
 

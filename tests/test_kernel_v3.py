@@ -116,8 +116,8 @@ def test_pure_temperature_near_float_max():
 
 
 def _seed_with_top_hash(V):
-    """A seed whose hash bits reach a = 2^24 - 1 (before the clamp: u = 1.0, G = +inf) at some
-    token id < V, from the bits themselves (rng.uniform now clamps u below 1)."""
+    """A seed whose hash bits reach h >> 8 = 2^24 - 1 (24-bit noise before the twenty-fifth
+    session's clamp: u = 1.0, G = +inf) at some token id < V, from the bits themselves."""
     import numpy as np
     from gpu_sampler import rng
     ids = np.arange(V, dtype=np.uint32)
@@ -173,9 +173,10 @@ def test_list_draw_won_by_token_zero():
 
 
 def test_top_hash_bits_are_no_forced_winner():
-    """a = 2^24 - 1 used to give u = fl(2^24 - 1/2) 2^-24 = 1.0, G = +inf: that token won any draw
-    it was kept in (a floor of 2^-24 per kept token per draw). u is clamped to 1 - 2^-24: finite
-    noise, and a token at e^-30 below the max no longer wins. Kernel and twin agree."""
+    """h >> 8 = 2^24 - 1 used to give u = fl(2^24 - 1/2) 2^-24 = 1.0, G = +inf: that token won
+    any draw it was kept in (a floor of 2^-24 per kept token per draw). The noise is finite for
+    every hash (w <= 1 - 2^-24 since the twenty-sixth session's 32-bit noise: such hashes give
+    G near -2.8), and a token at e^-30 below the max does not win. Kernel and twin agree."""
     from gpu_sampler import rng
     V = 4096
     s, where = _seed_with_top_hash(V)
