@@ -94,13 +94,16 @@ def _tail_of(a):
 @triton.jit
 def _exp1_of(w):
     """E = -ln(1 - w) > 0 in fp32 (rng.gumbel_of_hash's E, the same operations): the series
-    w (1 + w/2 + ... + w^5/6) below w = 1/16 (truncation <= 2^-26 relative), where 1 - w
-    would round away w's low bits, else -ln(1 - w) (1 - w rounds by <= 2^-25: <= 2^-21 of E)."""
-    s = w * 0.1666666716337204 + 0.20000000298023224
-    s = s * w + 0.25
-    s = s * w + 0.3333333432674408
-    s = s * w + 0.5
-    s = s * w + 1.0
+    w (1 + w/2 + ... + w^5/6) by Horner in fmas below w = 1/16 (truncation <= 2^-26 relative),
+    where 1 - w would round away w's low bits, else -ln(1 - w) (1 - w rounds by <= 2^-25:
+    <= 2^-21 of E)."""
+    # explicit fmas: a GPU build contracts s * w + c into one anyway (fp fusion is on but in
+    # the CD launches), so the twin rounds each step once too, on every backend
+    s = tl.fma(w, 0.1666666716337204, 0.20000000298023224)
+    s = tl.fma(s, w, 0.25)
+    s = tl.fma(s, w, 0.3333333432674408)
+    s = tl.fma(s, w, 0.5)
+    s = tl.fma(s, w, 1.0)
     return tl.where(w < 0.0625, w * s, 0.0 - tl.log(1.0 - w))
 
 
@@ -115,7 +118,7 @@ def _gumbel_of(a):
     """G = -ln(E), E = -ln(1 - w), w = _tail_of(a): every kernel's noise, the beam kernels'
     included, as the twin's torch chain (gpu_sampler/rng.py). Finite, in [-2.81, 22.87]: its
     upper tail P(G >= g) = 1 - e^(-e^-g) holds to one hash value in 2^32 up to g = 22.8, so a
-    token is drawn at its probability down to ~1e-10 of the kept mass (u = (h + 1/2) 2^-24 from
+    token is drawn at its probability down to ~1e-9 of the kept mass (u = (h + 1/2) 2^-24 from
     24 bits capped G at 16.64 and under-drew tokens below ~3e-7: 0.51x at 4e-8)."""
     return 0.0 - tl.log(_exp1_of(_tail_of(a)))
 
