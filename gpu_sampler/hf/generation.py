@@ -102,6 +102,12 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     model it does not support (an assistant with another tokenizer, Whisper, ...), before any
     side effect, and ValueError for invalid arguments, like transformers.
 
+    Sampling follows transformers' distribution but for one rule: a group of exactly tied
+    tokens at the top-p cut is kept or dropped whole (transformers keeps the members its
+    unstable sort puts above the cut). Ties need half-precision logits in practice: on a bf16
+    model with peaky rows 1.6-2.7% of the steps at top-p 0.5 / 0.9 drew from another
+    distribution (README, Semantics).
+
     Example
     -------
     >>> import torch
