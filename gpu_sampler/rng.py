@@ -19,7 +19,8 @@ an unfiltered V = 128K row moved out of the far tail). w near 0 keeps all 32 bit
 exact below 2^24) and E is summed from w itself there, so P(G >= g) holds to one hash value
 in 2^32 up to g = 22.8 (G <= 22.87): tokens are drawn at their probability down to ~1e-9 of
 the kept mass (drawn / exact, computed over every hash value: 0.99998 at 1e-8, 0.998 at
-1e-9, 0.81 at 1e-10; a whole N(0, 3^2) row of V = 128K moves 1.3e-7 of its mass, 1e-3 before). The clamp keeps the top 128 hash values (fl(h) = 2^32) finite (G = -2.81).
+1e-9, 0.81 at 1e-10; a whole N(0, 3^2) row of V = 128K moves 1.3e-7 of its mass, 1e-3
+before). The clamp keeps the top 128 hash values (fl(h) = 2^32) finite (G = -2.81).
 For a fixed key the hash is a bijection of the id, so no two tokens of a row share h, and the
 row's largest noises (w below 2^-8: fl(h) exact) stay distinct in float32: equal logits tie
 at the top of a draw about never (0 ties in 1,280 flat rows of V = 128K, where 24 bits gave
@@ -111,12 +112,14 @@ def _series(w):
     """E = w (1 + w/2 + ... + w^5/6) in float32 for w < 1/16, each Horner step rounded once, as
     the kernels' tl.fma (a GPU contracts it anyway): w s is exact in float64 and no float64
     sum lands on a float32 midpoint for any such w (all 50,331,648 checked against a
-    single-rounding fma)."""
-    wd = w.double()
+    single-rounding fma). MPS has no float64: there each step rounds twice (G one ulp off on
+    ~1.7e-4 of the hash values)."""
+    wide = torch.float32 if w.device.type == "mps" else torch.float64
+    wd = w.to(wide)
     s = (wd * _E_COEF[0] + _E_COEF[1]).float()
     for c in _E_COEF[2:]:
-        s = (s.double() * wd + c).float()
-    s = (s.double() * wd + 1.0).float()
+        s = (s.to(wide) * wd + c).float()
+    s = (s.to(wide) * wd + 1.0).float()
     return w * s
 
 
