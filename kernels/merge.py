@@ -33,7 +33,7 @@ from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_Z
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
                      _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
-                    I_NNAN, I_NPOS, LOG2E, NF, NI, _block_stats)
+                    I_NNAN, I_NPOS, LOG2E, _block_stats, _row_bases)
 
 
 
@@ -402,6 +402,545 @@ def _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx):
     tl.store(si_ptr + row * 2 + 1, gidx.to(tl.int32))
 
 
+@triton.jit
+def _merge_params(temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s,
+                  rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, la_ptr, la_s, beta_ptr,
+                  beta_s, row, TEMP_T: tl.constexpr, TOPK_T: tl.constexpr,
+                  TOPP_T: tl.constexpr, MINP_T: tl.constexpr, REP_T: tl.constexpr,
+                  PRES_T: tl.constexpr, FREQ_T: tl.constexpr, LA_T: tl.constexpr,
+                  BETA_T: tl.constexpr, CD: tl.constexpr):
+    """The row's parameters: (T, rep, pres, freq, k, p, ln min_p, cd alpha's log, cd beta,
+    greedy, bad, the divisor of x = xp / T); a bad row is answered invalid, not sampled."""
+    T = _param(temp_ptr, temp_s, row, TEMP_T)
+    rep = _param(rep_ptr, rep_s, row, REP_T)
+    pres = _param(pres_ptr, pres_s, row, PRES_T)
+    freq = _param(freq_ptr, freq_s, row, FREQ_T)
+    k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
+    p = _param(topp_ptr, topp_s, row, TOPP_T)
+    lminp = _param(minp_ptr, minp_s, row, MINP_T)
+    greedy = T == 0.0
+    bad = _bad_row(T, rep, pres, freq) | (k < 0)
+    bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~(lminp <= 0.0))
+    la = _param(la_ptr, la_s, row, LA_T)
+    beta = _param(beta_ptr, beta_s, row, BETA_T)
+    if CD:
+        bad = bad | (la != la) | (~((beta >= 0.0) & (beta < float("inf"))))
+    tdiv = tl.where(greedy | bad, 1.0, T)
+    return T, rep, pres, freq, k, p, lminp, la, beta, greedy, bad, tdiv
+
+
+@triton.jit
+def _cd_head(lrow, arow, erow, brow, xrow, wfrow, wirow, wcrow, cand_ptr, row, NT, V, rep,
+             pres, freq, tdiv, la, beta, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+             KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, HAS_REP: tl.constexpr,
+             HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+             R: tl.constexpr, NT_P2: tl.constexpr):
+    """Contrastive decoding: make the block partials those of the row's head. Me = the max of
+    the blocks' expert maxima; blocks whose max is outside Me's head are emptied, blocks whose
+    local head holds a token outside it are re-read with Me. Returns Me."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    me_t = tl.load(wcrow + tt, mask=tin, other=float("-inf"))
+    elo_t = tl.load(wcrow + NT + tt, mask=tin, other=float("inf"))
+    Me = tl.max(me_t, axis=0)
+    dropped = tin & (~_head(me_t, Me, la))
+    dirty = tin & (~dropped) & (~(_head(elo_t, Me, la) | (elo_t == float("inf"))))
+    ninf = tl.full([NT_P2], float("-inf"), tl.float32)
+    zero = tl.zeros([NT_P2], tl.int32)
+    tl.store(wfrow + F_M * NT + tt, ninf, mask=dropped)
+    tl.store(wfrow + F_Z * NT + tt, tl.zeros([NT_P2], tl.float32), mask=dropped)
+    tl.store(wfrow + F_LO * NT + tt, -ninf, mask=dropped)
+    tl.store(wfrow + F_G * NT + tt, ninf, mask=dropped)
+    tl.store(wirow + I_NFIN * NT + tt, zero, mask=dropped)
+    tl.store(wirow + I_NPOS * NT + tt, zero, mask=dropped)
+    tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
+    t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
+    while t < NT:
+        _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
+                     rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
+                     tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, wcrow,
+                     wcrow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
+                     HAS_BIAS, True, False, R, False, False, 0, False, False)
+        t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
+    tl.debug_barrier()  # the block partials above are read back by other threads
+    return Me
+
+
+@triton.jit
+def _row_partials(wfrow, wirow, NT, NT_P2: tl.constexpr):
+    """The blocks' partials merged in block order: (m_t, M, G, lmin, Z, nfin, npos_t, npos,
+    nnan, ncand_t). M, G and lmin in one reduction: one cross-warp exchange where the row's
+    one program waited on three (folding the counts in too spilled the per-row variants)."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
+    M, G, lmin = tl.reduce(
+        (m_t, tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")),
+         tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))), 0, _max_max_min)
+    nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
+    npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
+    npos = tl.sum(npos_t, axis=0)
+    nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
+    Z = _row_z(wfrow, NT, tt, tin, m_t, M)
+    ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
+    return m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t
+
+
+@triton.jit
+def _row_kind(lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row, NT, V, rep,
+              pres, freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad,
+              KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+              NT_P2: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
+              STATE: tl.constexpr, KEEP_LIST: tl.constexpr):
+    """(max xp, ovf, valid, sampling, the greedy token). Greedy rows have x = xp: max xp is M,
+    or +inf. Rows with +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to
+    -inf) find max xp in one more pass; the token of a greedy row is found in one block. x
+    overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
+    tokens with xp == max xp (the numeric policy); such rows take the fallback draw."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    xpmax = tl.where(npos > 0, float("inf"), M)
+    if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
+        xpmax = _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, Me,
+                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
+    valid = (nnan == 0) & (xpmax > float("-inf")) & (~bad)
+    sampling = valid & (~greedy)
+    gidx = row * 0 - 1
+    if valid & greedy:
+        tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
+        ncand = tl.load(wirow + I_NCAND * NT + tb)
+        gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
+                            rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
+                            HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    if STATE or KEEP_LIST:
+        # the row state of processed top-N logprobs (kernels/topn.py) or of the residual draw:
+        # what is final here is stored here rather than kept live through the searches
+        _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
+    return xpmax, ovf, valid, sampling, gidx
+
+
+@triton.jit
+def _pure_winner(wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s, row, NT, tdiv, m_t, M,
+                 SEED_T: tl.constexpr, OFF_T: tl.constexpr, NT_P2: tl.constexpr):
+    """Pure temperature: the draw from the blocks' draw partials (proven, token, its x). No
+    threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
+    approximate score s = fl(x' + G) (x' = fl(xp * fl(1 / T)) clamped at -FLT_MAX, within 4
+    ulps of x; G from _gumbel_fast, within GUMBEL_FAST_ERR = 2^-18 of _gumbel's), that token's
+    xp and id, and s2 = the block's next best s. The exact score fl(fl(x - M) + G) of every
+    other token of block t is <= U_t = fl(s2_t - M) + 2^-20 (A_t + |M| + 64), A_t =
+    max(|m_t|, |lo_t|) >= |x|: the roundings in between and G's error total at most
+    2^-24 (8 A_t + 3 |M| + 69 + 64) (|G| <= 22.9: common._gumbel_of's noise is finite, in
+    [-2.81, 22.87]). So if the best exact block score beats every U_t, it is the row's
+    maximum, ties to the lowest id, the same token the row pass draws; else the row takes
+    the fallback."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+    bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv
+    s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
+    bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
+    lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
+    has = tin & (m_t > float("-inf")) & (bx_t > float("-inf"))
+    e_t = tl.where(has, (bx_t - M) + _gumbel(k0, k1, bid_t), float("-inf"))
+    pbest = tl.max(e_t, axis=0)
+    pid = tl.min(tl.where(has & (e_t == pbest), bid_t, 2147483647), axis=0)
+    a_t = tl.maximum(tl.abs(m_t), tl.abs(lo_t))
+    u_t = tl.where(has & (s2_t > float("-inf")),
+                   (s2_t - M) + DRAW_SLACK * (a_t + tl.abs(M) + 64.0), float("-inf"))
+    proven = pbest > tl.max(u_t, axis=0)
+    pbx = tl.max(tl.where(has & (bid_t == pid), bx_t, float("-inf")), axis=0)
+    return proven, pid.to(tl.int64), pbx
+
+
+@triton.jit
+def _list_bound(cand_ptr, row, NT, m_t, ncand_t, M, G, Z, k, p, lminp, tdiv, k_act, p_act,
+                NB: tl.constexpr, INV_W: tl.constexpr, KT: tl.constexpr, CB: tl.constexpr,
+                NT_P2: tl.constexpr, HAS_MINP: tl.constexpr):
+    """(LB, listed): a bound LB <= tau from a histogram of the candidates (the candidates >= LB
+    are then compacted, slot order, into the row's list: the searches and the draw scan only
+    it), and whether the row gets a list at all."""
+    tt = tl.arange(0, NT_P2)
+    hist = tl.zeros([NB], dtype=tl.int32)
+    # k distinct blocks have a max >= the k-th largest block max: a free bound on tau_k
+    m_sorted = tl.sort(m_t, descending=True)
+    LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
+    use_lbk = k_act & (k <= NT)
+    # Top-p alone whose candidates cannot hold p Z by their blocks' maxima needs no
+    # histogram, prune bound or list (LB = -inf, listed = 0): the band read or the row
+    # pass takes the row, as the histogram's tighter bound would send it (flat rows)
+    few = p_act & (~k_act) & (G > float("-inf"))
+    if few:
+        few = _cand_mass_bound(m_t, ncand_t, M) < p * Z
+    LB = tl.full([], float("-inf"), tl.float32)
+    listed = NT * 0
+    if ~few:
+        if (k_act | p_act) & (~use_lbk):
+            ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
+            for b0 in range(CB, NT * KT + CB, CB):
+                ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
+                d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
+                hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
+                ok, v = ok_n, v_n
+        LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
+        LB = tl.where(use_lbk, LBk, LB)
+        if HAS_MINP:
+            # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
+            # (the draw tests x - M >= ln min_p itself), and few dirty blocks are re-read
+            # here rather than the row handed to the second read. The slack exceeds the
+            # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
+            mlb = (M + lminp) - (0.0625 + tl.abs(M) * 1e-6)
+            LB = tl.where((~k_act) & (~p_act) & (lminp > float("-inf")), mlb, LB)
+        # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a
+        # bin-i candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
+        # compaction (a third of this program on flat rows; the band read takes the row)
+        listed = NT * 0 + 1
+        if p_act & (~k_act) & (G > float("-inf")):
+            ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
+            ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
+            listed = tl.where(ub < p * Z, 0, listed)
+    return LB, listed
+
+
+@triton.jit
+def _dirty_blocks(wfrow, NT, LB, ncand_t, G, DIRTY_MAX: tl.constexpr, NT_P2: tl.constexpr):
+    """(dirty, redo, ncand_t, G). Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept)
+    were left out of their candidates (a block whose window overflowed, e.g. one dominant
+    token and a long bulk behind it). When there are few (<= DIRTY_MAX), their candidates are
+    skipped and the merge re-reads those blocks instead, appending every token >= LB: the
+    list then holds *every* token >= LB of the row, so a threshold >= LB found on it is exact
+    with G replaced by the largest g of the clean blocks (< LB). Costs ndirty / NT of a pass;
+    v2 re-read the whole row, once per search round."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    dirty = tt < 0
+    redo = NT < 0
+    if LB > float("-inf"):
+        g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
+        dirty = tin & (g_t >= LB)
+        ndirty = tl.sum(dirty.to(tl.int32), axis=0)
+        redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
+        ncand_t = tl.where(redo & dirty, 0, ncand_t)
+        G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
+    return dirty, redo, ncand_t, G
+
+
+@triton.jit
+def _reached_list(cand_ptr, xs_ptr, is_ptr, base, row, NT, m_t, ncand_t, LB, listed, M, tdiv,
+                  KT: tl.constexpr, CB: tl.constexpr, NT_P2: tl.constexpr,
+                  BANDS: tl.constexpr):
+    """The row's list: the candidates >= LB, compacted in slot order; (count, min x, mass).
+    Only blocks whose max reaches LB can hold a candidate >= LB: visit those, in block order
+    (the list is the same). About k of the NT blocks for top-k (LB the k-th largest block
+    max); a few for top-p and min-p rows whose bound lies near the top (one or two blocks of
+    a confident row, a third of an N(0, 5^2) row's); every non-empty block where there is no
+    bound. Emptied blocks (CD, m_t = -inf) never reach it."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    n_c = tl.zeros([], tl.int32)
+    # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
+    CS: tl.constexpr = CB // 2 if BANDS else CB
+    vmin = tl.full([CS], float("inf"), tl.float32)
+    vmass = tl.zeros([CS], tl.float32)
+    reach = tin & (m_t >= LB) & (m_t > float("-inf")) & (listed > 0)
+    nreach = tl.sum(reach.to(tl.int32), axis=0)
+    if nreach > 0:
+        # one key carries each block and its count: one gather a slot
+        tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
+        order = _reached_order(reach, tt * 65536 + ncand_t, NT_P2)
+        ok, v = _reached_slots(cand_ptr, row, NT, order, nreach, 0, KT, CS, NT_P2)
+        for b0 in range(CS, nreach * KT + CS, CS):
+            ok_n, v_n = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CS, NT_P2)
+            n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, _cand_x(v) / tdiv,
+                                        _cand_id(v), LB, M, n_c, vmin, vmass)
+            ok, v = ok_n, v_n
+    return n_c, tl.min(vmin, axis=0), tl.sum(vmass, axis=0)
+
+
+@triton.jit
+def _redo_dirty(lrow, erow, brow, xrow, arow, xs_ptr, is_ptr, base, dirty, NT, V, rep, pres,
+                freq, la, beta, Me, tdiv, LB, M, n_c, cmin, cmass, KT: tl.constexpr,
+                TILE: tl.constexpr, E_BLOCK: tl.constexpr, NT_P2: tl.constexpr,
+                HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+                HAS_BIAS: tl.constexpr, CD: tl.constexpr):
+    """The dirty blocks re-read: every token >= LB appended to the list; (count, min x, mass,
+    full: the list's capacity was reached, the row then falls back)."""
+    tt = tl.arange(0, NT_P2)
+    full = tl.zeros([], dtype=tl.int1)
+    t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
+    while t < NT:
+        offs, inb, xp, _, _, _ = _penalised_tile(
+            lrow, erow, brow, xrow, NT, t, V, rep, pres,
+            freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
+            HAS_MASK, HAS_BIAS,
+            arow, la, beta, Me, CD, False)
+        x = xp / tdiv
+        sel = inb & (x >= LB)
+        nsel = tl.sum(sel.to(tl.int32), axis=0)
+        full = full | (n_c + nsel > NT * KT)
+        if ~full:
+            pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(xs_ptr + base + pos, x, mask=sel)
+            tl.store(is_ptr + base + pos, offs, mask=sel)
+            n_c += nsel
+            cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
+            cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
+        t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
+    return n_c, cmin, cmass, full
+
+
+@triton.jit
+def _list_thresholds(xs_ptr, base, n_c, M, Z, G, LB, cmin, cmass, k, p, complete, k_act,
+                     p_act, exact, LB_BLOCK: tl.constexpr, NPIV: tl.constexpr,
+                     MAX_ROUNDS: tl.constexpr):
+    """(tau, exact): top-k then top-p searched on the row's list (n_c entries, min x cmin,
+    mass cmass); exact where the threshold is > G (the list holds every token >= it)."""
+    tau = tl.full([], float("-inf"), tl.float32)
+    zk = Z
+    if k_act:
+        tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
+                               True, LB_BLOCK, NPIV, MAX_ROUNDS)
+        exact = exact & (n_c >= k) & (tau > G)
+    if p_act & exact:
+        lo = tl.where(k_act, tau, cmin)
+        lo_mass = tl.where(k_act, zk, cmass)
+        target = p * zk
+        # a list holding less than the target cannot give an exact tau (also where LB was
+        # too high): skip the search (its rounds were half the merge of a flat top-p row).
+        # Only a list of every token (p within rounding of 1) may fall short of it.
+        exact = exact & ((lo_mass >= target) | (complete & (LB == float("-inf"))))
+        exact = exact & (n_c > 0)
+        if exact:
+            tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
+                                   False, LB_BLOCK, NPIV, MAX_ROUNDS)
+            # p Z = 0 (top-p 0) is held by a pivot above the list's max, which snaps to
+            # +inf where the list lacks the row's max (its top tie group left out, G = M):
+            # top-p 0 keeps the top tie group, tau = M (exact only if that group is listed)
+            tau = tl.minimum(tau, M)
+            exact = exact & (tau > G)
+    return tau, exact
+
+
+@triton.jit
+def _thresholds(lrow, erow, brow, xrow, arow, cand_ptr, xs_ptr, is_ptr, wfrow, base, row, NT,
+                V, rep, pres, freq, la, beta, Me, tdiv, m_t, ncand_t, M, G, Z, k, p, lminp,
+                k_act, p_act, exact, KT: tl.constexpr, CB: tl.constexpr, NT_P2: tl.constexpr,
+                NB: tl.constexpr, INV_W: tl.constexpr, DIRTY_MAX: tl.constexpr,
+                LB_BLOCK: tl.constexpr, NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+                TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
+                HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_MINP: tl.constexpr, CD: tl.constexpr, BANDS: tl.constexpr):
+    """The thresholds on the candidates (module docstring): the row's list of candidates >= LB
+    (dirty blocks re-read), then top-k and top-p searched on it. Returns (tau, the list's
+    length, exact, ncand_t with the re-read blocks' counts dropped)."""
+    LB, listed = _list_bound(cand_ptr, row, NT, m_t, ncand_t, M, G, Z, k, p, lminp, tdiv,
+                             k_act, p_act, NB, INV_W, KT, CB, NT_P2, HAS_MINP)
+    dirty, redo, ncand_t, G = _dirty_blocks(wfrow, NT, LB, ncand_t, G, DIRTY_MAX, NT_P2)
+    complete = G == float("-inf")
+    if (~k_act) & (~p_act):
+        # min-p alone is exact only where every kept token is a candidate (G's token is
+        # below the cut, G final here): else no list (flat rows: second read)
+        listed = tl.where(complete | (G - M < lminp), listed, 0)
+    redo = redo & (listed > 0)  # a row with no list re-reads no block either
+    n_c, cmin, cmass = _reached_list(cand_ptr, xs_ptr, is_ptr, base, row, NT, m_t, ncand_t, LB,
+                                     listed, M, tdiv, KT, CB, NT_P2, BANDS)
+    if redo:
+        n_c, cmin, cmass, full = _redo_dirty(
+            lrow, erow, brow, xrow, arow, xs_ptr, is_ptr, base, dirty, NT, V, rep, pres, freq,
+            la, beta, Me, tdiv, LB, M, n_c, cmin, cmass, KT, TILE, E_BLOCK, NT_P2, HAS_REP,
+            HAS_PF, HAS_MASK, HAS_BIAS, CD)
+        exact = exact & (~full)
+    # the list's entries were stored by the lanes that compacted them and are searched in
+    # other tiles (other threads): every store lands before the first search load
+    tl.debug_barrier()
+    tau, exact = _list_thresholds(xs_ptr, base, n_c, M, Z, G, LB, cmin, cmass, k, p, complete,
+                                  k_act, p_act, exact, LB_BLOCK, NPIV, MAX_ROUNDS)
+    if (~k_act) & (~p_act):
+        exact = exact & (complete | (G - M < lminp))
+    return tau, n_c, exact, ncand_t
+
+
+@triton.jit
+def _active(sampling, k, p, lminp, nfin, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+            HAS_MINP: tl.constexpr):
+    """(top-k active, top-p active, ln min_p or -inf) of a sampling row."""
+    k_act = tl.zeros([], dtype=tl.int1)
+    p_act = tl.zeros([], dtype=tl.int1)
+    if HAS_TOPK:
+        k_act = sampling & (k > 0) & (k < nfin)
+    if HAS_TOPP:
+        p_act = sampling & (p < 1.0)
+    if not HAS_MINP:
+        lminp = tl.full([], float("-inf"), tl.float32)
+    return k_act, p_act, lminp
+
+
+@triton.jit
+def _pure_proof(wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s, row, NT, V, T, k, p, lminp,
+                tdiv, m_t, M, sampling, ovf, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+                NT_P2: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+                HAS_MINP: tl.constexpr, WRITE_PROBS: tl.constexpr, PURE_OK: tl.constexpr,
+                CD: tl.constexpr):
+    """(exact, pure, proven, token, its x): whether the row goes on to the thresholds on the
+    candidates (exact), is a pure-temperature row, and its draw proven from the blocks' draw
+    partials (_pure_winner; PURE_OK: stage 1 wrote them, a sampling launch without CD)."""
+    exact = sampling & (~ovf)
+    pure = exact & _pure_row(T, k, p, lminp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
+    if CD:
+        if not WRITE_PROBS:
+            pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
+    exact = exact & (~pure)
+    proven = pure  # the distribution needs only Z_f = Z
+    pbidx = row * 0 - 1
+    pbx = tl.zeros([], tl.float32)
+    if not WRITE_PROBS:
+        proven = pure & (~pure)
+    if PURE_OK:
+        if pure:
+            proven, pbidx, pbx = _pure_winner(wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s,
+                                              row, NT, tdiv, m_t, M, SEED_T, OFF_T, NT_P2)
+    return exact, pure, proven, pbidx, pbx
+
+
+@triton.jit
+def _minp_alone(cand_ptr, row, NT, tdiv, ncand_t, M, G, Z, p, lminp, k_act, p_act, exact,
+                KT: tl.constexpr, CB: tl.constexpr, NT_P2: tl.constexpr, HAS_TOPP: tl.constexpr):
+    """p_act, off where top-p is irrelevant (HAS_TOPP): min-p's cut lies above every value it could
+    pick. With every min-p-kept token a candidate (G - M < ln min_p), c = the smallest kept x
+    and W(c) = their mass: W(c) < p Z gives tau_p < c, so the kept set is min-p's alone and
+    the row needs no top-p search (v2 searched and, when the nucleus outgrew the candidates,
+    fell back to the row). Top-k rows keep the search."""
+    if HAS_TOPP:
+        if exact & p_act & (~k_act) & (lminp > float("-inf")) & (G - M < lminp):
+            wm = _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, lminp, KT, CB, NT_P2)
+            p_act = p_act & (wm >= p * Z)
+    return p_act
+
+
+@triton.jit
+def _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, lmin, Z, lminp,
+                    NT_P2: tl.constexpr, HAS_MINP: tl.constexpr, SCREEN: tl.constexpr):
+    """A row with no threshold to search (min-p alone, an unproven pure row), handed to the
+    second read (kernels/second.py), grid (B, C): every finite x >= lmin, min-p applied there.
+    Stores its plan: M, Me, lmin and the draw's screen bound (common.py) where the gather
+    screens (SCREEN: the launcher's choice), -inf where every kept token is scored; the kept
+    mass is all of Z without min-p."""
+    tl.store(rf_ptr + row * 4, M)
+    tl.store(rf_ptr + row * 4 + 1, Me)
+    tl.store(rf_ptr + row * 4 + 2, lmin)
+    s_lb = tl.full([], float("-inf"), tl.float32)
+    if SCREEN:
+        wk = Z
+        if HAS_MINP:
+            tt = tl.arange(0, NT_P2)
+            wk = tl.where(lminp > float("-inf"),
+                          _kept_mass_bound(wfrow, NT, tt, tt < NT, m_t, ncand_t, M, lminp), Z)
+        s_lb = _screen_bound(wk)
+    tl.store(rf_ptr + row * 4 + 3, s_lb)
+
+
+@triton.jit
+def _draw_row(xs_ptr, is_ptr, sf_ptr, si_ptr, seed_ptr, seed_s, off_ptr, off_s, base, row, n_c,
+              M, Z, tau, lminp, exact, sampling, pure, proven, pbidx, pbx,
+              SEED_T: tl.constexpr, OFF_T: tl.constexpr, WRITE_PROBS: tl.constexpr,
+              LB_BLOCK: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr):
+    """The draw of a row the candidates decided (its list, or the pure row's proven winner):
+    (the row key k0, k1, Z_f, best score, token, its x); -1 / 0 where neither holds."""
+    # the row key here, not earlier: two fewer registers live through the searches
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+    z_f = tl.zeros([], tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    bidx = row * 0 - 1
+    bx = tl.zeros([], tl.float32)
+    if exact:
+        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1,
+                                         z_f, best, bidx, bx, WRITE_PROBS, LB_BLOCK)
+    if STATE:  # tau is final here unless the row pass redoes the row (it stores its own)
+        tl.store(sf_ptr + row * NS + S_TAU, tau)
+    if KEEP_LIST:
+        # a sampling row's greedy-token slot (-1) takes the list's length where the list holds
+        # the kept set (else -1): speculative verification draws the residual from it
+        # (kernels/residual.py). si_ptr is live here anyway: no register held for this.
+        if sampling:
+            tl.store(si_ptr + row * 2 + 1, tl.where(exact, n_c, -1))
+    if pure & proven:
+        z_f = Z
+        bidx = pbidx
+        bx = pbx
+    return k0, k1, z_f, best, bidx, bx
+
+
+@triton.jit
+def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, boff_ptr, bf_ptr,
+           bi_ptr, tab_ptr, row, NT, V, rep, pres, freq, tdiv, la, beta, Me, m_t, ncand_t,
+           M, Z, lmin, k, p, lminp, k_act, p_act, ovf, xpmax, fallback, k0, k1, tau, z_f, best,
+           bidx, bx, KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+           NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr, NT_P2: tl.constexpr, HAS_REP: tl.constexpr,
+           HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+           HAS_MINP: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
+           STATE: tl.constexpr, SECOND: tl.constexpr, BANDS: tl.constexpr,
+           SCREEN: tl.constexpr):
+    """A row the candidates did not decide (fallback): handed to the second read (SECOND: no
+    threshold to search; token -2, Z_f -1) or to the band read (BANDS: top-p without top-k,
+    its plan made here where M and Z are, one launch fewer; token -3), else the exact row
+    pass in this program. Returns (M, tau, Z_f, token, its x)."""
+    if SECOND:
+        # the hand-over is flagged in the outputs through values that are live anyway (16
+        # bytes spilled otherwise)
+        if fallback & (~ovf) & (~k_act) & (~p_act):
+            _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, lmin, Z, lminp, NT_P2,
+                            HAS_MINP, SCREEN)
+            fallback = fallback & (~fallback)
+            bidx = bidx * 0 - 2
+            z_f = z_f * 0.0 - 1.0
+    if BANDS:
+        if fallback & p_act & (~k_act) & (~ovf):
+            fallback = fallback & (~fallback)
+            bidx = bidx * 0 + BAND_ROW
+            _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
+                      bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
+                      NT * KT, M, Z, p, lminp, NT_P2)
+    if fallback:
+        M, tau, z_f, best, bidx, bx = _row_pass(
+            lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
+            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
+            NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
+        if STATE:
+            tl.store(sf_ptr + row * NS + S_TAU, tau)
+    return M, tau, z_f, bidx, bx
+
+
+@triton.jit
+def _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f, bidx, bx, gidx,
+               xpmax, valid, sampling, ovf, greedy, WRITE_PROBS: tl.constexpr,
+               STATE: tl.constexpr, KEEP_LIST: tl.constexpr, SECOND: tl.constexpr,
+               BANDS: tl.constexpr):
+    """The row's answer: its token and logprob, or (WRITE_PROBS, STATE) its row state; and
+    the counts of rows handed to the second or band read (their programs' shares)."""
+    if WRITE_PROBS or STATE:
+        tl.store(sf_ptr + row * NS + S_M, M)
+        tl.store(sf_ptr + row * NS + S_ZF, z_f)
+    if WRITE_PROBS:
+        tl.store(sf_ptr + row * NS + S_TAU, tau)
+        tl.store(sf_ptr + row * NS + S_ME, Me)
+        if not KEEP_LIST:
+            _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
+        if SECOND:
+            _count_row(cnt_ptr + SHARE_HANDED, z_f < 0.0)
+    else:
+        tok = tl.where(greedy, gidx, bidx)
+        tok = tl.where(valid, tok, -1)
+        lp = tl.where(greedy, 0.0, (bx - M) - tl.log(z_f))
+        lp = tl.where(valid, lp, float("-inf"))
+        tl.store(tok_ptr + row, tok)
+        tl.store(logp_ptr + row, lp)
+        if SECOND:
+            _count_row(cnt_ptr + SHARE_HANDED, tok == HANDED)
+        if BANDS:
+            _count_row(cnt_ptr + SHARE_BAND, tok == BAND_ROW)
+
+
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
 def _merge_kernel(
     logits_ptr, stride_lb, V, NT,
@@ -427,403 +966,61 @@ def _merge_kernel(
     D0_EXP: tl.constexpr, R: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr = False,
     HDIRECT: tl.constexpr = False, SCREEN: tl.constexpr = False,
 ):
-    """Reads 8 words per block, the candidates once per search round plus once for the draw
-    (all from L2), and the logits only for fallback rows, for greedy rows whose first maximum
-    lies in a block that stored no candidates (one block), and for rows whose x overflowed or
-    has no finite value (one pass for max xp). Writes the token and logprob (or, with
-    WRITE_PROBS, the row state that _write_probs_kernel reads; with STATE both: the processed
-    top-N logprobs of kernels/topn.py read that state; with KEEP_LIST, as well as that state,
-    in a sampling row's greedy-token slot the length of the candidate list where it holds the
-    row's kept set, -1 otherwise, for kernels/residual.py).
-
-    With CD (contrastive decoding), first: the row's expert max Me = max of the blocks' maxima;
-    blocks whose max is outside Me's head are emptied (their tokens are all -inf), and blocks
-    whose local head (cut at their own max, a superset) holds a token outside Me's head are
-    re-read with Me (both rows of that block, same program: 8 KB per fp32 block; blocks near
-    the top of the expert row only). Then everything below runs unchanged on exact partials."""
+    """Grid (B,). Reads 8 words per block, the candidates once per search round plus once for
+    the draw (all from L2), and the logits only for fallback rows, greedy rows whose first
+    maximum lies in a block that stored no candidates (one block), rows whose x overflowed or
+    has no finite value (one pass for max xp) and, with CD, the blocks _cd_head re-reads.
+    Writes the token and logprob (or, with WRITE_PROBS, the row state that _write_probs_kernel
+    reads; with STATE both: kernels/topn.py's processed top-N logprobs read that state; with
+    KEEP_LIST, in a sampling row's greedy-token slot, the length of the candidate list where
+    it holds the row's kept set, else -1, for kernels/residual.py)."""
     row = tl.program_id(0).to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    arow = am_ptr + row * stride_ab
-    erow = edits_ptr + row * stride_eb
-    brow = bnd_ptr + row * 2 * NT
-    if HDIRECT:  # no bucketed history: the row's ids and L (as stage 1, kernels/stats.py)
-        brow = (row * 0 + stride_eb).to(tl.int32)
-    xrow = x_ptr + row * stride_xb
-    wfrow = wf_ptr + row * NF * NT
-    wirow = wi_ptr + row * NI * NT
-
-    T = _param(temp_ptr, temp_s, row, TEMP_T)
-    rep = _param(rep_ptr, rep_s, row, REP_T)
-    pres = _param(pres_ptr, pres_s, row, PRES_T)
-    freq = _param(freq_ptr, freq_s, row, FREQ_T)
-    k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)
-    p = _param(topp_ptr, topp_s, row, TOPP_T)
-    lminp = _param(minp_ptr, minp_s, row, MINP_T)
-    greedy = T == 0.0
-    bad = _bad_row(T, rep, pres, freq) | (k < 0)
-    bad = bad | (~((p >= 0.0) & (p <= 1.0))) | (~(lminp <= 0.0))
-    la = _param(la_ptr, la_s, row, LA_T)
-    beta = _param(beta_ptr, beta_s, row, BETA_T)
-    if CD:
-        bad = bad | (la != la) | (~((beta >= 0.0) & (beta < float("inf"))))
-    tdiv = tl.where(greedy | bad, 1.0, T)
-    tt = tl.arange(0, NT_P2)
-    tin = tt < NT
-
-    # ---- contrastive decoding: make the block partials those of the row's head -----------------
+    lrow, arow, erow, brow, xrow, wfrow, wirow = _row_bases(
+        logits_ptr, stride_lb, am_ptr, stride_ab, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+        stride_xb, wf_ptr, wi_ptr, row, NT, HDIRECT)
+    T, rep, pres, freq, k, p, lminp, la, beta, greedy, bad, tdiv = _merge_params(
+        temp_ptr, temp_s, topk_ptr, topk_s, topp_ptr, topp_s, minp_ptr, minp_s, rep_ptr, rep_s,
+        pres_ptr, pres_s, freq_ptr, freq_s, la_ptr, la_s, beta_ptr, beta_s, row, TEMP_T,
+        TOPK_T, TOPP_T, MINP_T, REP_T, PRES_T, FREQ_T, LA_T, BETA_T, CD)
     Me = tl.zeros([], tl.float32)
     if CD:
-        wcrow = wc_ptr + row * 2 * NT
-        me_t = tl.load(wcrow + tt, mask=tin, other=float("-inf"))
-        elo_t = tl.load(wcrow + NT + tt, mask=tin, other=float("inf"))
-        Me = tl.max(me_t, axis=0)
-        dropped = tin & (~_head(me_t, Me, la))
-        dirty = tin & (~dropped) & (~(_head(elo_t, Me, la) | (elo_t == float("inf"))))
-        ninf = tl.full([NT_P2], float("-inf"), tl.float32)
-        zero = tl.zeros([NT_P2], tl.int32)
-        tl.store(wfrow + F_M * NT + tt, ninf, mask=dropped)
-        tl.store(wfrow + F_Z * NT + tt, tl.zeros([NT_P2], tl.float32), mask=dropped)
-        tl.store(wfrow + F_LO * NT + tt, -ninf, mask=dropped)
-        tl.store(wfrow + F_G * NT + tt, ninf, mask=dropped)
-        tl.store(wirow + I_NFIN * NT + tt, zero, mask=dropped)
-        tl.store(wirow + I_NPOS * NT + tt, zero, mask=dropped)
-        tl.store(wirow + I_NCAND * NT + tt, zero, mask=dropped)
-        t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
-        while t < NT:
-            _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                         rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
-                         tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, wcrow,
-                         wcrow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
-                         HAS_BIAS, True, False, R, False, False, 0, False, False)
-            t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
-        tl.debug_barrier()  # the block partials above are read back by other threads below
-
-    # ---- merge the block partials, in block order ---------------------------------------------
-    # M, G and lmin in one reduction: one cross-warp exchange where the row's one program
-    # waited on three (folding the counts in too spilled the per-row variants)
-    m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
-    M, G, lmin = tl.reduce(
-        (m_t, tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")),
-         tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))), 0, _max_max_min)
-    nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
-    npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
-    npos = tl.sum(npos_t, axis=0)
-    nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
-    Z = _row_z(wfrow, NT, tt, tin, m_t, M)
-    ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
-
-    # max xp and its first index. Greedy rows have x = xp: max xp is M, or +inf. Rows with
-    # +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to -inf) find max xp
-    # in one more pass; the token of a greedy row is found in one block.
-    xpmax = tl.where(npos > 0, float("inf"), M)
-    if (~bad) & (nnan == 0) & (((npos > 0) & (~greedy)) | ((nfin == 0) & (npos == 0))):
-        xpmax = _row_xpmax(lrow, erow, brow, xrow, NT, V, rep, pres, freq, arow, la, beta, Me,
-                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
-    # x overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
-    # tokens with xp == max xp (the numeric policy); such rows take the fallback draw.
-    ovf = (npos > 0) | ((nfin == 0) & (xpmax > float("-inf")))
-    valid = (nnan == 0) & (xpmax > float("-inf")) & (~bad)
-    sampling = valid & (~greedy)
-    gidx = row * 0 - 1
-    if valid & greedy:
-        tb = tl.min(tl.where(tin & tl.where(npos > 0, npos_t > 0, m_t == M), tt, NT_P2), axis=0)
-        ncand = tl.load(wirow + I_NCAND * NT + tb)
-        gidx = _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, xpmax,
-                            rep, pres, freq, arow, la, beta, Me, KT, TILE, E_BLOCK,
-                            HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
-    if STATE or KEEP_LIST:
-        # the row state of processed top-N logprobs (kernels/topn.py) or of the residual draw:
-        # what is final here is stored here rather than kept live through the searches
-        _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
-    k_act = tl.zeros([], dtype=tl.int1)
-    p_act = tl.zeros([], dtype=tl.int1)
-    if HAS_TOPK:
-        k_act = sampling & (k > 0) & (k < nfin)
-    if HAS_TOPP:
-        p_act = sampling & (p < 1.0)
-    if not HAS_MINP:
-        lminp = tl.full([], float("-inf"), tl.float32)
-
-    # ---- pure temperature: the draw from the blocks' draw partials ---------------------------
-    # No threshold: the kept set is every finite x and Z_f = Z. Stage 1 left each block's best
-    # approximate score s = fl(x' + G) (x' = fl(xp * fl(1 / T)) clamped at -FLT_MAX, within 4
-    # ulps of x; G from _gumbel_fast, within GUMBEL_FAST_ERR = 2^-18 of _gumbel's), that
-    # token's xp and id, and s2 = the block's next best s. The exact score
-    # fl(fl(x - M) + G) of every other token of block t is <= U_t = fl(s2_t - M) +
-    # 2^-20 (A_t + |M| + 64),
-    # A_t = max(|m_t|, |lo_t|) >= |x|: the roundings in between and G's error total at most
-    # 2^-24 (8 A_t + 3 |M| + 69 + 64) (|G| <= 22.9: common._gumbel_of's noise is finite, in
-    # [-2.81, 22.87]).
-    # So if the best exact block score beats every U_t, it is the row's maximum, ties to the
-    # lowest id, the same token the row pass draws; else the row takes the fallback.
-    exact = sampling & (~ovf)
-    pure = exact & _pure_row(T, k, p, lminp, V, HAS_TOPK, HAS_TOPP, HAS_MINP)
-    if CD:
-        if not WRITE_PROBS:
-            pure = pure & (~pure)  # stage 1 wrote no draw partials (CD rows are re-scored here)
-    exact = exact & (~pure)
-    proven = pure  # the distribution needs only Z_f = Z
-    pbidx = row * 0 - 1
-    pbx = tl.zeros([], tl.float32)
-    if not WRITE_PROBS:
-        proven = pure & (~pure)
-    if PURE_OK:  # constexpr: stage 1 wrote draw partials (a sampling launch, no CD)
-        if pure:
-            k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
-            bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv
-            s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
-            bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
-            lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
-            has = tin & (m_t > float("-inf")) & (bx_t > float("-inf"))
-            e_t = tl.where(has, (bx_t - M) + _gumbel(k0, k1, bid_t), float("-inf"))
-            pbest = tl.max(e_t, axis=0)
-            pid = tl.min(tl.where(has & (e_t == pbest), bid_t, 2147483647), axis=0)
-            a_t = tl.maximum(tl.abs(m_t), tl.abs(lo_t))
-            u_t = tl.where(has & (s2_t > float("-inf")),
-                           (s2_t - M) + DRAW_SLACK * (a_t + tl.abs(M) + 64.0), float("-inf"))
-            proven = pbest > tl.max(u_t, axis=0)
-            pbidx = pid.to(tl.int64)
-            pbx = tl.max(tl.where(has & (bid_t == pid), bx_t, float("-inf")), axis=0)
-
-    # ---- thresholds on the candidates ---------------------------------------------------------
+        Me = _cd_head(lrow, arow, erow, brow, xrow, wfrow, wirow, wc_ptr + row * 2 * NT, cand_ptr,
+                      row, NT, V, rep, pres, freq, tdiv, la, beta, TILE, E_BLOCK, KT, NWIN,
+                      D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R, NT_P2)
+    m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t = _row_partials(wfrow, wirow, NT, NT_P2)
+    xpmax, ovf, valid, sampling, gidx = _row_kind(
+        lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row, NT, V, rep, pres,
+        freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad, KT, TILE, E_BLOCK,
+        NT_P2, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, STATE, KEEP_LIST)
+    k_act, p_act, lminp = _active(sampling, k, p, lminp, nfin, HAS_TOPK, HAS_TOPP, HAS_MINP)
+    exact, pure, proven, pbidx, pbx = _pure_proof(
+        wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s, row, NT, V, T, k, p, lminp, tdiv, m_t, M,
+        sampling, ovf, SEED_T, OFF_T, NT_P2, HAS_TOPK, HAS_TOPP, HAS_MINP, WRITE_PROBS, PURE_OK,
+        CD)
+    if HAS_MINP:
+        p_act = _minp_alone(cand_ptr, row, NT, tdiv, ncand_t, M, G, Z, p, lminp, k_act, p_act,
+                            exact, KT, CB, NT_P2, HAS_TOPP)
     tau = tl.full([], float("-inf"), tl.float32)
-    zk = Z
     base = row * NT * KT
     n_c = tl.zeros([], tl.int32)
-    if HAS_MINP:
-        if HAS_TOPP:
-            # Top-p is irrelevant when min-p's cut lies above every value it could pick. With
-            # every min-p-kept token a candidate (G - M < ln min_p), c = the smallest kept x
-            # and W(c) = their mass: W(c) < p Z gives tau_p < c, so the kept set is min-p's
-            # alone and the row needs no top-p search (v2 searched and, when the nucleus
-            # outgrew the candidates, fell back to the row). Top-k rows keep the search.
-            if exact & p_act & (~k_act) & (lminp > float("-inf")) & (G - M < lminp):
-                wm = _cand_minp_mass(cand_ptr, row, NT, tdiv, ncand_t, M, lminp, KT, CB, NT_P2)
-                p_act = p_act & (wm >= p * Z)
-
     if exact:
-        # a bound LB <= tau from a histogram of the candidates, then the candidates >= LB
-        # compacted (slot order) into the row's list: the searches and the draw scan only it
-        hist = tl.zeros([NB], dtype=tl.int32)
-        # k distinct blocks have a max >= the k-th largest block max: a free bound on tau_k
-        m_sorted = tl.sort(m_t, descending=True)
-        LBk = tl.max(tl.where(tt == k - 1, m_sorted, float("-inf")), axis=0)
-        use_lbk = k_act & (k <= NT)
-        # Top-p alone whose candidates cannot hold p Z by their blocks' maxima needs no
-        # histogram, prune bound or list (LB = -inf, listed = 0): the band read or the row
-        # pass takes the row, as the histogram's tighter bound would send it (flat rows)
-        few = p_act & (~k_act) & (G > float("-inf"))
-        if few:
-            few = _cand_mass_bound(m_t, ncand_t, M) < p * Z
-        LB = tl.full([], float("-inf"), tl.float32)
-        listed = NT * 0
-        if ~few:
-            if (k_act | p_act) & (~use_lbk):
-                ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
-                for b0 in range(CB, NT * KT + CB, CB):
-                    ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
-                    d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
-                    hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
-                    ok, v = ok_n, v_n
-            LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
-            LB = tl.where(use_lbk, LBk, LB)
-            if HAS_MINP:
-                # Min-p alone keeps only x >= M + ln(min_p): the list needs no other candidate
-                # (the draw tests x - M >= ln min_p itself), and few dirty blocks are re-read
-                # here rather than the row handed to the second read. The slack exceeds the
-                # roundings of x - M, exp and log (~2^-14) and of M's magnitude (2^-23 |M|).
-                mlb = (M + lminp) - (0.0625 + tl.abs(M) * 1e-6)
-                LB = tl.where((~k_act) & (~p_act) & (lminp > float("-inf")), mlb, LB)
-            # Top-p alone whose candidates cannot hold p Z is not exact whatever the list (a
-            # bin-i candidate has e <= e^(-(i - 1) / INV_W), one bin of slack for rounding): no
-            # compaction (a third of this program on flat rows; the band read takes the row)
-            listed = NT * 0 + 1
-            if p_act & (~k_act) & (G > float("-inf")):
-                ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
-                ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
-                listed = tl.where(ub < p * Z, 0, listed)
-        # Dirty blocks: g_t >= LB, so tokens >= LB (possibly kept) were left out of their
-        # candidates (a block whose window overflowed, e.g. one dominant token and a long
-        # bulk behind it). When there are few (<= DIRTY_MAX), their candidates are skipped and
-        # the merge re-reads those blocks instead, appending every token >= LB: the list then
-        # holds *every* token >= LB of the row, so a threshold >= LB found on it is exact with
-        # G replaced by the largest g of the clean blocks (< LB). Costs ndirty / NT of a pass;
-        # v2 re-read the whole row, once per search round.
-        dirty = tt < 0
-        redo = NT < 0
-        if LB > float("-inf"):
-            g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
-            dirty = tin & (g_t >= LB)
-            ndirty = tl.sum(dirty.to(tl.int32), axis=0)
-            redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
-            ncand_t = tl.where(redo & dirty, 0, ncand_t)
-            G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
-        complete = G == float("-inf")
-        if (~k_act) & (~p_act):
-            # min-p alone is exact only where every kept token is a candidate (G's token is
-            # below the cut, G final here): else no list (flat rows: second read)
-            listed = tl.where(complete | (G - M < lminp), listed, 0)
-        redo = redo & (listed > 0)  # a row with no list re-reads no block either
-        # the band merge compacts CB / 2 slots a step: at CB it spilled 16 bytes
-        CS: tl.constexpr = CB // 2 if BANDS else CB
-        vmin = tl.full([CS], float("inf"), tl.float32)
-        vmass = tl.zeros([CS], tl.float32)
-        # Only blocks whose max reaches LB can hold a candidate >= LB: visit those, in block
-        # order (the list is the same). About k of the NT blocks for top-k (LB the k-th largest
-        # block max); a few for top-p and min-p rows whose bound lies near the top (one or two
-        # blocks of a confident row, a third of an N(0, 5^2) row's); every non-empty block
-        # where there is no bound. Emptied blocks (CD, m_t = -inf) never reach it.
-        reach = tin & (m_t >= LB) & (m_t > float("-inf")) & (listed > 0)
-        nreach = tl.sum(reach.to(tl.int32), axis=0)
-        if nreach > 0:
-            # one key carries each block and its count: one gather a slot
-            tl.static_assert((KT < 65536) & (NT_P2 <= 16384))
-            order = _reached_order(reach, tt * 65536 + ncand_t, NT_P2)
-            ok, v = _reached_slots(cand_ptr, row, NT, order, nreach, 0, KT, CS, NT_P2)
-            for b0 in range(CS, nreach * KT + CS, CS):
-                ok_n, v_n = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CS, NT_P2)
-                n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, _cand_x(v) / tdiv,
-                                            _cand_id(v), LB, M, n_c, vmin, vmass)
-                ok, v = ok_n, v_n
-        cmin = tl.min(vmin, axis=0)
-        cmass = tl.sum(vmass, axis=0)
-        full = tl.zeros([], dtype=tl.int1)
-        if redo:
-            t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
-            while t < NT:
-                offs, inb, xp, _, _, _ = _penalised_tile(
-                    lrow, erow, brow, xrow, NT, t, V, rep, pres,
-                    freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
-                    HAS_MASK, HAS_BIAS,
-                    arow, la, beta, Me, CD, False)
-                x = xp / tdiv
-                sel = inb & (x >= LB)
-                nsel = tl.sum(sel.to(tl.int32), axis=0)
-                full = full | (n_c + nsel > NT * KT)  # the list's capacity: then fall back
-                if ~full:
-                    pos = n_c + tl.cumsum(sel.to(tl.int32), 0) - 1
-                    tl.store(xs_ptr + base + pos, x, mask=sel)
-                    tl.store(is_ptr + base + pos, offs, mask=sel)
-                    n_c += nsel
-                    cmin = tl.minimum(cmin, tl.min(tl.where(sel, x, float("inf")), axis=0))
-                    cmass += tl.sum(tl.where(sel, tl.exp(x - M), 0.0), axis=0)
-                t = tl.min(tl.where(dirty & (tt > t), tt, NT_P2), axis=0)
-            exact = exact & (~full)
-        # the list's entries were stored by the lanes that compacted them and are searched in
-        # other tiles (other threads): every store lands before the first search load
-        tl.debug_barrier()
-        if k_act:
-            tau, zk = _cand_search(xs_ptr, base, n_c, M, cmin, M, cmass, k.to(tl.float32),
-                                   True, LB_BLOCK, NPIV, MAX_ROUNDS)
-            exact = exact & (n_c >= k) & (tau > G)
-        if p_act & exact:
-            lo = tl.where(k_act, tau, cmin)
-            lo_mass = tl.where(k_act, zk, cmass)
-            target = p * zk
-            # a list holding less than the target cannot give an exact tau (also where LB was
-            # too high): skip the search (its rounds were half the merge of a flat top-p row).
-            # Only a list of every token (p within rounding of 1) may fall short of it.
-            exact = exact & ((lo_mass >= target) | (complete & (LB == float("-inf"))))
-            exact = exact & (n_c > 0)
-            if exact:
-                tau, zk = _cand_search(xs_ptr, base, n_c, M, lo, M, lo_mass, target,
-                                       False, LB_BLOCK, NPIV, MAX_ROUNDS)
-                # p Z = 0 (top-p 0) is held by a pivot above the list's max, which snaps to
-                # +inf where the list lacks the row's max (its top tie group left out, G = M):
-                # top-p 0 keeps the top tie group, tau = M (exact only if that group is listed)
-                tau = tl.minimum(tau, M)
-                exact = exact & (tau > G)
-        if (~k_act) & (~p_act):
-            exact = exact & (complete | (G - M < lminp))
-
-    # the row key here, not earlier: two fewer registers live through the searches
-    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
-    z_f = tl.zeros([], tl.float32)
-    best = tl.full([], float("-inf"), tl.float32)
-    bidx = row * 0 - 1
-    bx = tl.zeros([], tl.float32)
-    if exact:
-        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1,
-                                         z_f, best, bidx, bx, WRITE_PROBS, LB_BLOCK)
-    if STATE:  # tau is final here unless the row pass below redoes the row (it stores its own)
-        tl.store(sf_ptr + row * NS + S_TAU, tau)
-    if KEEP_LIST:
-        # a sampling row's greedy-token slot (-1) takes the list's length where the list holds
-        # the kept set (else -1): speculative verification draws the residual from it
-        # (kernels/residual.py). si_ptr is live here anyway: no register held for this.
-        if sampling:
-            tl.store(si_ptr + row * 2 + 1, tl.where(exact, n_c, -1))
-
-    if pure & proven:
-        z_f = Z
-        bidx = pbidx
-        bx = pbx
-
-    # ---- exact fallback over the row ----------------------------------------------------------
-    fallback = sampling & (~exact) & (~(pure & proven))
-    if SECOND:
-        # rows with no threshold to search (min-p alone, an unproven pure row) go to the second
-        # read (kernels/second.py), grid (B, C): every finite x >= lmin, min-p applied there
-        # (the plan: M, Me, lmin; the hand-over is flagged in the outputs, token -2 or Z_f -1,
-        # through values that are live anyway: 16 bytes spilled otherwise)
-        if fallback & (~ovf) & (~k_act) & (~p_act):
-            tl.store(rf_ptr + row * 4, M)
-            tl.store(rf_ptr + row * 4 + 1, Me)
-            tl.store(rf_ptr + row * 4 + 2, lmin)
-            # the draw's screen bound (common.py) where the gather screens (SCREEN: the
-            # launcher's choice), -inf where every kept token is scored: the kept mass is all
-            # of Z without min-p
-            s_lb = tl.full([], float("-inf"), tl.float32)
-            if SCREEN:
-                wk = Z
-                if HAS_MINP:
-                    wk = tl.where(lminp > float("-inf"),
-                                  _kept_mass_bound(wfrow, NT, tt, tin, m_t, ncand_t, M, lminp), Z)
-                s_lb = _screen_bound(wk)
-            tl.store(rf_ptr + row * 4 + 3, s_lb)
-            fallback = fallback & (~fallback)
-            bidx = bidx * 0 - 2
-            z_f = z_f * 0.0 - 1.0
-    if BANDS:
-        # top-p rows (no top-k) whose nucleus outgrew the candidates go to the band read
-        # (kernels/band.py), grid (B, C), instead of the row pass, flagged as token -3 through
-        # bidx, with their plan (kernels/band_plan.py: here, where M and Z are, one launch
-        # fewer than a plan kernel of its own)
-        if fallback & p_act & (~k_act) & (~ovf):
-            fallback = fallback & (~fallback)
-            bidx = bidx * 0 + BAND_ROW
-            _plan_row(hb_ptr + row * NT * NBIN, ft_ptr + row * NT, boff_ptr + row * NT,
-                      bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
-                      NT * KT, M, Z, p, lminp, NT_P2)
-    if fallback:
-        M, tau, z_f, best, bidx, bx = _row_pass(
-            lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
-            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
-            NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
-        if STATE:
-            tl.store(sf_ptr + row * NS + S_TAU, tau)
-
-    if WRITE_PROBS or STATE:
-        tl.store(sf_ptr + row * NS + S_M, M)
-        tl.store(sf_ptr + row * NS + S_ZF, z_f)
-    if WRITE_PROBS:
-        tl.store(sf_ptr + row * NS + S_TAU, tau)
-        tl.store(sf_ptr + row * NS + S_ME, Me)
-        if not KEEP_LIST:
-            _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
-        if SECOND:
-            _count_row(cnt_ptr + SHARE_HANDED, z_f < 0.0)
-    else:
-        tok = tl.where(greedy, gidx, bidx)
-        tok = tl.where(valid, tok, -1)
-        lp = tl.where(greedy, 0.0, (bx - M) - tl.log(z_f))
-        lp = tl.where(valid, lp, float("-inf"))
-        tl.store(tok_ptr + row, tok)
-        tl.store(logp_ptr + row, lp)
-        if SECOND:
-            _count_row(cnt_ptr + SHARE_HANDED, tok == HANDED)
-        if BANDS:
-            _count_row(cnt_ptr + SHARE_BAND, tok == BAND_ROW)
+        tau, n_c, exact, ncand_t = _thresholds(
+            lrow, erow, brow, xrow, arow, cand_ptr, xs_ptr, is_ptr, wfrow, base, row, NT, V, rep,
+            pres, freq, la, beta, Me, tdiv, m_t, ncand_t, M, G, Z, k, p, lminp, k_act, p_act,
+            exact, KT, CB, NT_P2, NB, INV_W, DIRTY_MAX, LB_BLOCK, NPIV, MAX_ROUNDS, TILE,
+            E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, HAS_MINP, CD, BANDS)
+    k0, k1, z_f, best, bidx, bx = _draw_row(
+        xs_ptr, is_ptr, sf_ptr, si_ptr, seed_ptr, seed_s, off_ptr, off_s, base, row, n_c, M, Z,
+        tau, lminp, exact, sampling, pure, proven, pbidx, pbx, SEED_T, OFF_T, WRITE_PROBS,
+        LB_BLOCK, STATE, KEEP_LIST)
+    M, tau, z_f, bidx, bx = _route(
+        lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, boff_ptr, bf_ptr,
+        bi_ptr, tab_ptr, row, NT, V, rep, pres, freq, tdiv, la, beta, Me, m_t, ncand_t, M, Z,
+        lmin, k, p, lminp, k_act, p_act, ovf, xpmax, sampling & (~exact) & (~(pure & proven)),
+        k0, k1, tau, z_f, best, bidx, bx, KT, TILE, E_BLOCK, NPIV, MAX_ROUNDS, NT_P2, HAS_REP,
+        HAS_PF, HAS_MASK, HAS_BIAS, HAS_MINP, CD, WRITE_PROBS, STATE, SECOND, BANDS, SCREEN)
+    _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f, bidx, bx, gidx,
+               xpmax, valid, sampling, ovf, greedy, WRITE_PROBS, STATE, KEEP_LIST, SECOND, BANDS)
 
 
 @triton.jit

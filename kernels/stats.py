@@ -276,6 +276,25 @@ def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.conste
     return nfin, nkeep, g
 
 
+@triton.jit
+def _row_bases(logits_ptr, stride_lb, am_ptr, stride_ab, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+               stride_xb, wf_ptr, wi_ptr, row, NT, HDIRECT: tl.constexpr):
+    """Row ``row``'s bases: logits, amateur logits (CD), history edits, their per-block bounds,
+    mask / bias words, and the workspace's float and int partials. With HDIRECT (no bucketed
+    history) edits_ptr is the [B, L] ids (stride_eb = L), and the blocks take L where the
+    bounds were (kernels/common.py _penalised_tile)."""
+    lrow = logits_ptr + row * stride_lb
+    arow = am_ptr + row * stride_ab
+    erow = edits_ptr + row * stride_eb
+    brow = bnd_ptr + row * 2 * NT
+    if HDIRECT:
+        brow = (row * 0 + stride_eb).to(tl.int32)
+    xrow = x_ptr + row * stride_xb
+    wfrow = wf_ptr + row * NF * NT
+    wirow = wi_ptr + row * NI * NT
+    return lrow, arow, erow, brow, xrow, wfrow, wirow
+
+
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "stride_ab", "topk_s", "seed_s", "off_s"])
 def _stats_kernel(
     logits_ptr, stride_lb, V, NT, TPC,
@@ -313,17 +332,9 @@ def _stats_kernel(
     if SHARE:
         if (row == 0) & (c == 0):
             tl.store(cnt_ptr + tl.arange(0, NSHARE), tl.zeros([NSHARE], tl.int32))
-    lrow = logits_ptr + row * stride_lb
-    arow = am_ptr + row * stride_ab
-    erow = edits_ptr + row * stride_eb
-    brow = bnd_ptr + row * 2 * NT
-    if HDIRECT:
-        # no bucketed history: edits_ptr is the [B, L] ids (stride_eb = L), and the blocks
-        # take L where the bounds were (kernels/common.py _penalised_tile)
-        brow = (row * 0 + stride_eb).to(tl.int32)
-    xrow = x_ptr + row * stride_xb
-    wfrow = wf_ptr + row * NF * NT
-    wirow = wi_ptr + row * NI * NT
+    lrow, arow, erow, brow, xrow, wfrow, wirow = _row_bases(
+        logits_ptr, stride_lb, am_ptr, stride_ab, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+        stride_xb, wf_ptr, wi_ptr, row, NT, HDIRECT)
 
     T, rep, pres, freq, tdiv = _row_scale(
         temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, row,
