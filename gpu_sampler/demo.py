@@ -381,6 +381,42 @@ def quiet_transformers():
     hf_logging.set_verbosity_error()
 
 
+def _echo_generate(gen, max_new_tokens, echo):
+    """Section [2]'s greedy and sampling lines (compare_generate's dict)."""
+    B = len(PROMPTS)
+    echo("")
+    echo(f"[2] greedy, batch {B}, {max_new_tokens} new tokens: model.generate vs "
+         "gpu_sampler.generate")
+    g = gen["greedy"]
+    for p, a in zip(PROMPTS, g["hf"]):
+        echo(f"    {p!r} -> {a!r}")
+    echo(f"    identical: {'yes' if gen['identical'] else 'NO'}")
+    echo("    " + _speed(g, gen["identical"]))
+    s = gen["sample"]
+    echo("")
+    echo("    sampling (rp 1.2, T 0.7, top-k 50, top-p 0.9): different random streams, "
+         "same distribution")
+    for p, a, b in zip(PROMPTS, s["hf"], s["gpu_sampler"]):
+        echo(f"    {p!r}")
+        echo(f"        HF:          {a!r}")
+        echo(f"        gpu-sampler: {b!r}")
+    echo(f"    every drawn token in transformers' kept set: "
+         f"{'yes' if gen['sample_checked'] else 'NO'}, {_speed(s, gen['sample_checked'])}")
+
+
+def _echo_contrastive(cd, echo):
+    """Section [2]'s contrastive decoding lines (contrastive_generate's dict): tokens/s only
+    for checked output."""
+    echo("")
+    cd_speed = (f"{cd['tok_s']:.0f} tokens/s" if cd["checked"] else
+                "tokens/s not reported: a token is not its step's best score")
+    echo(f"    contrastive decoding (greedy, cd_alpha 0.1, cd_beta 0.5; amateur: {cd['amateur']}):"
+         f" each token its step's best score (uncached forward): "
+         f"{'yes' if cd['checked'] else 'NO'}, {cd_speed}")
+    for p, a in zip(PROMPTS, cd["texts"]):
+        echo(f"    {p!r} -> {a!r}")
+
+
 def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZES,
              max_new_tokens=32, repeats=3, echo=None):
     """The whole demo: load, greedy/sampling generate comparison, sampler table, plot.
@@ -427,34 +463,8 @@ def run_demo(model_dir=None, device="cpu", out_dir="gpu-sampler-demo", sizes=SIZ
 
     gen = compare_generate(model, tok, max_new_tokens=max_new_tokens, repeats=repeats,
                            progress=True)
-    B = len(PROMPTS)
-    echo("")
-    echo(f"[2] greedy, batch {B}, {max_new_tokens} new tokens: model.generate vs "
-         "gpu_sampler.generate")
-    g = gen["greedy"]
-    for p, a in zip(PROMPTS, g["hf"]):
-        echo(f"    {p!r} -> {a!r}")
-    echo(f"    identical: {'yes' if gen['identical'] else 'NO'}")
-    echo("    " + _speed(g, gen["identical"]))
-    s = gen["sample"]
-    echo("")
-    echo("    sampling (rp 1.2, T 0.7, top-k 50, top-p 0.9): different random streams, "
-         "same distribution")
-    for p, a, b in zip(PROMPTS, s["hf"], s["gpu_sampler"]):
-        echo(f"    {p!r}")
-        echo(f"        HF:          {a!r}")
-        echo(f"        gpu-sampler: {b!r}")
-    echo(f"    every drawn token in transformers' kept set: "
-         f"{'yes' if gen['sample_checked'] else 'NO'}, {_speed(s, gen['sample_checked'])}")
-    cd = contrastive_generate(model, tok, max_new_tokens=max_new_tokens)
-    echo("")
-    cd_speed = (f"{cd['tok_s']:.0f} tokens/s" if cd["checked"] else
-                "tokens/s not reported: a token is not its step's best score")
-    echo(f"    contrastive decoding (greedy, cd_alpha 0.1, cd_beta 0.5; amateur: {cd['amateur']}):"
-         f" each token its step's best score (uncached forward): "
-         f"{'yes' if cd['checked'] else 'NO'}, {cd_speed}")
-    for p, a in zip(PROMPTS, cd["texts"]):
-        echo(f"    {p!r} -> {a!r}")
+    _echo_generate(gen, max_new_tokens, echo)
+    _echo_contrastive(contrastive_generate(model, tok, max_new_tokens=max_new_tokens), echo)
     bm = gen["beam"]
     echo(f"    beam search ({BEAM['num_beams']} beams): identical "
          f"{'yes' if gen['beam_identical'] else 'NO'}, {_speed(bm, gen['beam_identical'])}")

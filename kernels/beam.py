@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _gumbel, _splitmix64
+from .common import _gumbel, _row_key
 from .launch import next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
@@ -65,29 +65,28 @@ def _final_keys(bc, bi, M, logz, a, T, k0, k1, NORMALIZE: tl.constexpr, HAS_NOIS
     return v, key
 
 
-@triton.jit(do_not_specialize=["L", "off_s"])
-def _beam_step_kernel(
-    logits_ptr, stride_lb, cand_ptr, stride_cb, V,
-    ids_ptr, stride_ib, L,
-    rep, temp, seed_ptr, off_s,
-    val_ptr, key_ptr, tok_ptr, stride_ob,
-    K: tl.constexpr, KP: tl.constexpr,
-    NORMALIZE: tl.constexpr, HAS_CAND: tl.constexpr, HAS_REP: tl.constexpr,
-    HAS_NOISE: tl.constexpr, TILE: tl.constexpr, L_BLOCK: tl.constexpr,
-):
-    """Top-K beam candidates of one row.
+@triton.jit
+def _seen_tile(irow, L, start, TILE: tl.constexpr, L_BLOCK: tl.constexpr):
+    """Which of the tile's TILE tokens (ids start ..) occur in the row's history irow [L]
+    (negative ids are ignored)."""
+    seen = tl.zeros([TILE], dtype=tl.int32)
+    for h0 in range(0, L, L_BLOCK):
+        hoffs = h0 + tl.arange(0, L_BLOCK)
+        hin = hoffs < L
+        hid = tl.load(irow + hoffs, mask=hin, other=-1).to(tl.int64)
+        rel = hid - start
+        inwin = hin & (rel >= 0) & (rel < TILE)
+        seen += tl.histogram(tl.where(inwin, rel, 0).to(tl.int32), TILE, mask=inwin)
+    return seen > 0
 
-    Math: see the module docstring. One pass over the row reads V * dtype_bytes of logits
-    (plus V * 4 of candidates when HAS_CAND, plus L * 8 bytes of history ids per tile when
-    HAS_REP) and keeps (M, Z) online. Because lp = c - const, the order inside a group of
-    tokens that share `a` is the order of a * c / T (+ Gumbel): the pass ranks by that
-    partial key, one buffer per group (seen / unseen history tokens), and the final keys are
-    formed and merged after the pass. Writes K floats v, K keys, K int64 ids per row.
-    """
-    row = tl.program_id(0).to(tl.int64)
-    lrow = logits_ptr + row * stride_lb
-    crow = cand_ptr + row * stride_cb
-    irow = ids_ptr + row * stride_ib
+
+@triton.jit
+def _beam_pass(lrow, crow, irow, V, L, rep, temp, k0, k1, K: tl.constexpr, KP: tl.constexpr,
+               NORMALIZE: tl.constexpr, HAS_CAND: tl.constexpr, HAS_REP: tl.constexpr,
+               HAS_NOISE: tl.constexpr, TILE: tl.constexpr, L_BLOCK: tl.constexpr):
+    """The row's one pass: (M, Z) of the online log-sum-exp and the two K-slot buffers (key, c,
+    id) of the tokens outside / inside the history (only the first with HAS_REP off), ranked
+    by the partial key a c / T (+ Gumbel)."""
     slots = tl.arange(0, KP)
     # Slots >= K are disabled: a +inf key is never the worst, so they are never replaced.
     init_k = tl.where(slots < K, float("-inf"), float("inf"))
@@ -100,13 +99,6 @@ def _beam_step_kernel(
     si = init_i
     M = tl.full([], float("-inf"), tl.float32)
     Z = tl.zeros([], tl.float32)
-    k0 = tl.zeros([], tl.uint32)
-    k1 = tl.zeros([], tl.uint32)
-    if HAS_NOISE:
-        seed = tl.load(seed_ptr + row).to(tl.uint64)
-        rkey = _splitmix64(seed ^ _splitmix64(tl.cast(off_s, tl.int64).to(tl.uint64)))
-        k0 = (rkey & 0xFFFFFFFF).to(tl.uint32)
-        k1 = (rkey >> 32).to(tl.uint32)
     for start in range(0, V, TILE):
         offs = start + tl.arange(0, TILE).to(tl.int64)
         inb = offs < V
@@ -128,36 +120,36 @@ def _beam_step_kernel(
             g = _gumbel(k0, k1, offs)
         ids = tl.where(inb, offs, -1)
         if HAS_REP:
-            seen = tl.zeros([TILE], dtype=tl.int32)
-            for h0 in range(0, L, L_BLOCK):
-                hoffs = h0 + tl.arange(0, L_BLOCK)
-                hin = hoffs < L
-                hid = tl.load(irow + hoffs, mask=hin, other=-1).to(tl.int64)
-                rel = hid - start
-                inwin = hin & (rel >= 0) & (rel < TILE)
-                seen += tl.histogram(tl.where(inwin, rel, 0).to(tl.int32), TILE, mask=inwin)
-            is_seen = seen > 0
+            is_seen = _seen_tile(irow, L, start, TILE, L_BLOCK)
             uk, uc, ui = _insert_tile(uk, uc, ui, c / temp + g, c,
                                       tl.where(is_seen, -1, ids), BIG_ID)
             sk, sc, si = _insert_tile(sk, sc, si, (rep * c) / temp + g, c,
                                       tl.where(is_seen, ids, -1), BIG_ID)
         else:
             uk, uc, ui = _insert_tile(uk, uc, ui, c / temp + g, c, ids, BIG_ID)
+    return M, Z, uk, uc, ui, sk, sc, si
 
-    logz = tl.zeros([], tl.float32)
-    if NORMALIZE:
-        logz = tl.log(Z)
-    uv, uk = _final_keys(uc, ui, M, logz, 1.0, temp, k0, k1, NORMALIZE, HAS_NOISE)
-    ureal = (slots < K) & (ui >= 0) & (ui < BIG_ID)
-    uk = tl.where(ureal, uk, float("-inf"))
-    ui = tl.where(ureal, ui, BIG_ID + slots.to(tl.int64))
-    if HAS_REP:
-        sv, sk = _final_keys(sc, si, M, logz, rep, temp, k0, k1, NORMALIZE, HAS_NOISE)
-        sreal = (slots < K) & (si >= 0) & (si < BIG_ID)
-        sk = tl.where(sreal, sk, float("-inf"))
-        si = tl.where(sreal, si, BIG_ID + KP + slots.to(tl.int64))
-    orow = row * stride_ob
-    # K rounds of "take the best left" over the one or two buffers, written sorted.
+
+@triton.jit
+def _buffer_keys(bc, bi, M, logz, a, temp, k0, k1, OFF: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_NOISE: tl.constexpr):
+    """A buffer's final (v, key, id): slots that hold no real token get key -inf and a
+    sentinel id (BIG_ID + OFF + slot) that no other slot shares."""
+    slots = tl.arange(0, KP)
+    v, key = _final_keys(bc, bi, M, logz, a, temp, k0, k1, NORMALIZE, HAS_NOISE)
+    real = (slots < K) & (bi >= 0) & (bi < BIG_ID)
+    key = tl.where(real, key, float("-inf"))
+    return v, key, tl.where(real, bi, BIG_ID + OFF + slots.to(tl.int64))
+
+
+@triton.jit
+def _write_sorted(val_ptr, key_ptr, tok_ptr, orow, Z, uv, uk, ui, sv, sk, si, K: tl.constexpr,
+                  KP: tl.constexpr, HAS_REP: tl.constexpr):
+    """K rounds of "take the best left" over the one or two buffers, written sorted (key
+    desc, id asc). A row with fewer than K real candidates reports id 0 with -inf (never
+    selected while the batch item has K finite candidates). A row holding NaN or +inf
+    (normalize: Z is NaN) reports NaN values and keys, ids 0 .. K - 1, as the twin
+    (beam_topk_reference): no finite-looking answer."""
     for j in range(K):
         m = tl.max(uk, axis=0)
         mi = tl.min(tl.where(uk == m, ui, BIG_ID + 4 * KP), axis=0)
@@ -178,15 +170,51 @@ def _beam_step_kernel(
         took_u = ui == tl.where(from_s, -7, mi)
         uk = tl.where(took_u, float("-inf"), uk)
         ui = tl.where(took_u, BIG_ID + 3 * KP, ui)
-        # A row with fewer than K real candidates reports id 0 with -inf (never selected
-        # while the batch item has K finite candidates).
-        # A row holding NaN or +inf (normalize: Z is NaN) reports NaN values and keys, ids
-        # 0 .. K - 1, as the twin (beam_topk_reference): no finite-looking answer.
         real = mi < BIG_ID
         tl.store(val_ptr + orow + j, tl.where(Z != Z, Z, tl.where(real, mv, float("-inf"))))
         tl.store(key_ptr + orow + j, tl.where(Z != Z, Z, tl.where(real, m, float("-inf"))))
         tl.store(tok_ptr + orow + j, tl.where(Z != Z, j, tl.where(real, mi, 0)))
 
+
+@triton.jit(do_not_specialize=["L", "off_s"])
+def _beam_step_kernel(
+    logits_ptr, stride_lb, cand_ptr, stride_cb, V,
+    ids_ptr, stride_ib, L,
+    rep, temp, seed_ptr, off_s,
+    val_ptr, key_ptr, tok_ptr, stride_ob,
+    K: tl.constexpr, KP: tl.constexpr,
+    NORMALIZE: tl.constexpr, HAS_CAND: tl.constexpr, HAS_REP: tl.constexpr,
+    HAS_NOISE: tl.constexpr, TILE: tl.constexpr, L_BLOCK: tl.constexpr,
+):
+    """Top-K beam candidates of one row.
+
+    Math: see the module docstring. One pass over the row reads V * dtype_bytes of logits
+    (plus V * 4 of candidates when HAS_CAND, plus L * 8 bytes of history ids per tile when
+    HAS_REP) and keeps (M, Z) online. Because lp = c - const, the order inside a group of
+    tokens that share `a` is the order of a * c / T (+ Gumbel): the pass ranks by that
+    partial key, one buffer per group (seen / unseen history tokens), and the final keys are
+    formed and merged after the pass. Writes K floats v, K keys, K int64 ids per row.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    k0 = tl.zeros([], tl.uint32)
+    k1 = tl.zeros([], tl.uint32)
+    if HAS_NOISE:
+        # the draw's key (common._row_key): a seed per row, the call's offset
+        k0, k1 = _row_key(seed_ptr, 0, seed_ptr, off_s, row, True, False)
+    M, Z, uk, uc, ui, sk, sc, si = _beam_pass(
+        logits_ptr + row * stride_lb, cand_ptr + row * stride_cb, ids_ptr + row * stride_ib, V,
+        L, rep, temp, k0, k1, K, KP, NORMALIZE, HAS_CAND, HAS_REP, HAS_NOISE, TILE, L_BLOCK)
+    logz = tl.zeros([], tl.float32)
+    if NORMALIZE:
+        logz = tl.log(Z)
+    uv, uk, ui = _buffer_keys(uc, ui, M, logz, 1.0, temp, k0, k1, 0, K, KP, NORMALIZE,
+                              HAS_NOISE)
+    sv = uv
+    if HAS_REP:
+        sv, sk, si = _buffer_keys(sc, si, M, logz, rep, temp, k0, k1, KP, K, KP, NORMALIZE,
+                                  HAS_NOISE)
+    _write_sorted(val_ptr, key_ptr, tok_ptr, row * stride_ob, Z, uv, uk, ui, sv, sk, si, K, KP,
+                  HAS_REP)
 
 
 def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=1.0,

@@ -398,20 +398,11 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
     """Statistics block t of the row: (token ids, in-bounds mask, penalised xp, expert block
     max, min expert logit on the block's head, the logits as loaded in fp32: top-N "raw").
 
-    The history edits of block t are the slice [start_t, end_t) of the row's bucketed edit list
-    (kernels/history.py: one int32 per history position, ``id * 2 + counts_for_presence``), so a
-    block reads only its own history entries and turns them into per-slot counts (compared
-    with the lanes when there are one or two, tl.histogram otherwise).
-
     With CD the row is the contrastive score of the expert logits (lrow) and the amateur's
     (arow, one extra read), cut to the head of ``me`` (the row's expert max), or with LOCAL of
-    the block's own expert max (a superset of the row's head: the merge corrects it).
-
-    A request's mask and bias (gpu_sampler/edits.py) come next, before the penalties, from the
-    row's edit table ``xrow`` (kernels/launch.py ``edit_table``): a disallowed lane becomes -inf
-    (the block reads its TILE / 8 bytes of mask words, at addresses known without a load), and
-    the block's own bias entries, sorted by id, are added one after the other (duplicates add up
-    in their given order, as torch's accumulating index_put_ does).
+    the block's own expert max (a superset of the row's head: the merge corrects it). A
+    request's mask and bias come next (_masked_biased), then the penalties from the block's
+    history (_history_penalised).
     """
     # int64 only in the block's base pointer: per-lane offsets stay int32 (V < 2^31)
     start = tl.cast(t, tl.int64) * TILE
@@ -429,6 +420,22 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         emax = me
         elo = tl.min(tl.where(_head(xp, me, la), xp, float("inf")), axis=0)
         xp = _cd_scores(xp, a, la, beta, me)
+    if HAS_MASK or HAS_BIAS:
+        xp = _masked_biased(xp, xrow_ptr, t, V, start, lane, offs, inb, HAS_MASK, HAS_BIAS)
+    if HAS_REP or HAS_PF:
+        xp = _history_penalised(xp, erow_ptr, brow_ptr, NT, t, start, lane, rep, pres, freq,
+                                TILE, E_BLOCK, HAS_REP, HAS_PF)
+    return offs, inb, xp, emax, elo, raw
+
+
+@triton.jit
+def _masked_biased(xp, xrow_ptr, t, V, start, lane, offs, inb, HAS_MASK: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):
+    """A request's mask and bias (gpu_sampler/edits.py), from the row's edit table ``xrow``
+    (kernels/launch.py ``edit_table``): a disallowed lane becomes -inf (the block reads its
+    TILE / 8 bytes of mask words, at addresses known without a load), and the block's own bias
+    entries, sorted by id, are added one after the other (duplicates add up in their given
+    order, as torch's accumulating index_put_ does)."""
     if HAS_MASK:
         word = tl.load(xrow_ptr + (offs >> 5), mask=inb, other=0)
         xp = tl.where(((word >> (offs & 31)) & 1) != 0, xp, float("-inf"))
@@ -440,6 +447,23 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         for h in range(tl.load(head + 1 + t), tl.load(head + 2 + t)):
             hit = lane == tl.load(xrow_ptr + h) - start.to(tl.int32)
             xp = tl.where(hit, xp + tl.load(xrow_ptr + h + nb).to(tl.float32, bitcast=True), xp)
+    return xp
+
+
+@triton.jit
+def _rep_penalised(xp, seen, rep):
+    """transformers' repetition penalty on the tokens seen: x * rep below 0, x / rep above."""
+    return tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
+
+
+@triton.jit
+def _history_penalised(xp, erow_ptr, brow_ptr, NT, t, start, lane, rep, pres, freq,
+                       TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_REP: tl.constexpr,
+                       HAS_PF: tl.constexpr):
+    """The penalties of block t from its history edits: the slice [start_t, end_t) of the
+    row's bucketed edit list (kernels/history.py: one int32 per history position,
+    ``id * 2 + counts_for_presence``), turned into per-slot counts (compared with the lanes
+    when there are one or two, tl.histogram otherwise)."""
     if HAS_REP and (not brow_ptr.dtype.is_ptr()):
         # the unbucketed history (sampling._direct_history: a launch whose stage 1 runs one
         # block a program, repetition penalty only, L <= E_BLOCK <= 256, no history launch):
@@ -454,8 +478,8 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
         ids = tl.load(erow_ptr + hoffs, mask=hoffs < brow_ptr, other=-1)
         hin = (ids >= start) & (ids < start + TILE)
         seen = tl.histogram(tl.where(hin, ids - start, 0).to(tl.int32), TILE, mask=hin)
-        xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
-    elif HAS_REP or HAS_PF:
+        xp = _rep_penalised(xp, seen, rep)
+    else:
         e0 = tl.load(brow_ptr + t)
         e1 = tl.load(brow_ptr + NT + t)
         seen = tl.zeros([TILE], dtype=tl.int32)
@@ -481,10 +505,10 @@ def _penalised_tile(lrow_ptr, erow_ptr, brow_ptr, xrow_ptr, NT, t, V, rep, pres,
                 if HAS_PF:
                     cnt += tl.histogram(rel, TILE, mask=hin & ((code & 1) == 1))
         if HAS_REP:
-            xp = tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
+            xp = _rep_penalised(xp, seen, rep)
         if HAS_PF:
             xp = xp - (tl.where(cnt > 0, pres, 0.0) + freq * cnt.to(tl.float32))
-    return offs, inb, xp, emax, elo, raw
+    return xp
 
 
 # per-row state the merge leaves for the distribution writer and processed top-N logprobs

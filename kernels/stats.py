@@ -104,29 +104,10 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     # (|m| >= X_EXACT also holds an overflowed m = +inf; z > 0 leaves out all -inf blocks)
     redo = (z != z) | ((tl.abs(m) >= X_EXACT) & (z > 0.0)) | (lo == float("-inf"))
     if redo:
-        x = xp / tdiv
-        fin = tl.abs(x) < float("inf")
-        nnan = tl.sum((x != x).to(tl.int32), axis=0)
-        npos = tl.sum((x == float("inf")).to(tl.int32), axis=0)
-        m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
-                          _maxmin_combine)
-        z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
-        v = tl.where(fin, xp, float("-inf"))
-        vm = tl.max(v, axis=0)
+        m, lo, z, v, vm, nnan, npos = _block_redo(xp, tdiv)
     if TOPN_KB > 0:
-        # top-N logprobs (kernels/topn.py) from this same read: the raw logits, or xp (the
-        # processed order; not v, whose overflowed lanes are -inf)
-        if TOPN_RAW:
-            # the block's raw candidates: the same windows as the sampling candidates (an upper
-            # set of <= TOPN_KB finite logits, and the largest one left out), or, with
-            # TOPN_REUSE (xp is the raw logits: no penalty, mask, bias or CD), those very ones
-            rv, rm = _block_raw(raw, inb, rsw, row, NT, t)
-            if not TOPN_REUSE:
-                _, rn, rg = _block_cands(rv, offs, rm, rv > float("-inf"), 1.0, topw, row, NT,
-                                         t, TILE, TOPN_KB, NWIN, D0_EXP, R)
-                _block_raw_cands(rsw, row, NT, t, rn, rg)
-        else:
-            _block_top(xp, offs, inb, topw, row, NT, t, TOPN_KB)
+        _block_topn(raw, xp, offs, inb, topw, rsw, row, NT, t, TILE, TOPN_KB, NWIN, D0_EXP, R,
+                    TOPN_RAW, TOPN_REUSE)
     hmask = v > float("-inf")
     if DRAW:
         # a pure row's blocks store their draw partial, no candidates
@@ -147,7 +128,48 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
         g = g / tdiv
         if BANDS:
             _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
+    _store_partials(wfrow, wirow, NT, t, m, z, lo, g, nfin, npos, nnan, nkeep)
+    return emax, elo
 
+
+@triton.jit
+def _block_redo(xp, tdiv):
+    """A flagged block (NaN, +inf, an overflowed or large x) exactly on x = xp / T: (m, lo, z,
+    v = xp on finite x else -inf, max v, NaN count, +inf count)."""
+    x = xp / tdiv
+    fin = tl.abs(x) < float("inf")
+    nnan = tl.sum((x != x).to(tl.int32), axis=0)
+    npos = tl.sum((x == float("inf")).to(tl.int32), axis=0)
+    m, lo = tl.reduce((tl.where(fin, x, float("-inf")), tl.where(fin, x, float("inf"))), 0,
+                      _maxmin_combine)
+    z = tl.sum(tl.where(fin, tl.exp(x - m), 0.0), axis=0)
+    v = tl.where(fin, xp, float("-inf"))
+    vm = tl.max(v, axis=0)
+    return m, lo, z, v, vm, nnan, npos
+
+
+@triton.jit
+def _block_topn(raw, xp, offs, inb, topw, rsw, row, NT, t, TILE: tl.constexpr,
+                TOPN_KB: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr,
+                R: tl.constexpr, TOPN_RAW: tl.constexpr, TOPN_REUSE: tl.constexpr):
+    """Top-N logprobs (kernels/topn.py) from this same read: the raw logits, or xp (the
+    processed order; not v, whose overflowed lanes are -inf). TOPN_RAW: the block's raw
+    candidates, the same windows as the sampling candidates (an upper set of <= TOPN_KB finite
+    logits, and the largest one left out), or, with TOPN_REUSE (xp is the raw logits: no
+    penalty, mask, bias or CD), those very ones (stored by the caller)."""
+    if TOPN_RAW:
+        rv, rm = _block_raw(raw, inb, rsw, row, NT, t)
+        if not TOPN_REUSE:
+            _, rn, rg = _block_cands(rv, offs, rm, rv > float("-inf"), 1.0, topw, row, NT,
+                                     t, TILE, TOPN_KB, NWIN, D0_EXP, R)
+            _block_raw_cands(rsw, row, NT, t, rn, rg)
+    else:
+        _block_top(xp, offs, inb, topw, row, NT, t, TOPN_KB)
+
+
+@triton.jit
+def _store_partials(wfrow, wirow, NT, t, m, z, lo, g, nfin, npos, nnan, nkeep):
+    """Block t's statistics into the workspace's field-major rows (F_* floats, I_* ints)."""
     tl.store(wfrow + F_M * NT + t, m)
     tl.store(wfrow + F_Z * NT + t, z)
     tl.store(wfrow + F_LO * NT + t, lo)
@@ -156,7 +178,6 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     tl.store(wirow + I_NPOS * NT + t, npos)
     tl.store(wirow + I_NNAN * NT + t, nnan)
     tl.store(wirow + I_NCAND * NT + t, nkeep)
-    return emax, elo
 
 
 @triton.jit
@@ -235,14 +256,8 @@ def _block_greedy(lrow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
     nc = ((m > float("-inf")) & (npos == 0) & (nnan == 0)).to(tl.int32)
     if nc > 0:
         tl.store(cand_ptr + (row * NT + t) * KT, _pack_cand(m, t * TILE + ib))
-    tl.store(wfrow + F_M * NT + t, m)
-    tl.store(wfrow + F_Z * NT + t, tl.where(m > float("-inf"), 1.0, 0.0))
-    tl.store(wfrow + F_LO * NT + t, m)
-    tl.store(wfrow + F_G * NT + t, m)
-    tl.store(wirow + I_NFIN * NT + t, (m > float("-inf")).to(tl.int32))
-    tl.store(wirow + I_NPOS * NT + t, npos)
-    tl.store(wirow + I_NNAN * NT + t, nnan)
-    tl.store(wirow + I_NCAND * NT + t, nc)
+    _store_partials(wfrow, wirow, NT, t, m, tl.where(m > float("-inf"), 1.0, 0.0), m, m,
+                    (m > float("-inf")).to(tl.int32), npos, nnan, nc)
 
 
 @triton.jit
