@@ -11,8 +11,9 @@ Per block t, with x = fl(xp / T) (finite = not NaN, not +-inf):
     candidates    the block's top finite values (xp, and the token id, in one int64 slot), at
                   most KT of them: the values in the widest window {fl(vm - xp) <= D0 2^j}
                   (j < NWIN - 1, D0 = 2^D0_EXP; the last window is every finite value) that
-                  holds <= KT values, an upper set. Stored in id order in the block's first
-                  ncand slots; the merge masks the rest (never written, never read).
+                  holds <= KT values, an upper set (with BANDS the same windows, read off
+                  the band estimate's bins: _band_cands). Stored in id order in the block's
+                  first ncand slots; the merge masks the rest (never written, never read).
     g_t           max finite x *not* stored (-inf if every finite value is a candidate)
 
 The block works on xp, before the temperature: x = fl(xp / T) is monotone in xp, so its max,
@@ -119,15 +120,17 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
         nkeep = nfin * 0
         g = m
     else:
-        nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE, KT,
-                                      NWIN, D0_EXP, R)
+        if BANDS:
+            nfin, nkeep, g = _band_cands(v, offs, vm, hmask, tdiv, cand_ptr, hrow, frow, row, NT,
+                                         t, TILE, KT, NWIN, D0_EXP, R)
+        else:
+            nfin, nkeep, g = _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE,
+                                          KT, NWIN, D0_EXP, R)
         if TOPN_REUSE:
             # a redone block (NaN, +inf or an overflowed x) left finite logits out of v: its
             # raw candidates prove nothing (G = +inf sends the row to the row pass)
             _block_raw_cands(rsw, row, NT, t, nkeep, tl.where(redo, float("inf"), g))
         g = g / tdiv
-        if BANDS:
-            _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
     _store_partials(wfrow, wirow, NT, t, m, z, lo, g, nfin, npos, nnan, nkeep)
     return emax, elo
 
@@ -185,12 +188,48 @@ def _block_bands(v, vm, hmask, tdiv, hrow, frow, t):
     """The band read's estimate (kernels/band.py): F_t = floor(vm s), s = BAND_S / T, and the
     count of the block's finite tokens per bin j = min(F_t - floor(xp s), NBIN - 1) (bin j of
     block t covers x ~ [(F_t - j) / BAND_S, (F_t - j + 1) / BAND_S)): NBIN int16 + 1 float,
-    260 bytes per block. v is -inf where xp is not finite (the block's exact redo did that)."""
+    260 bytes per block. v is -inf where xp is not finite (the block's exact redo did that).
+    Returns (each lane's bin, the counts)."""
     s = BAND_S / tdiv
     F = tl.floor(vm * s)
-    h = tl.histogram(_band_bin(v, F, s), NBIN, mask=hmask)
+    # clamped: past |F| = 2^24 _band_bin can give NBIN (common.py), which the histogram would
+    # drop from the counts (and nfin); such blocks lie outside every band plan's window
+    j = tl.minimum(_band_bin(v, F, s), NBIN - 1)
+    h = tl.histogram(j, NBIN, mask=hmask)
     tl.store(hrow + t * NBIN + tl.arange(0, NBIN), h.to(tl.int16))
     tl.store(frow + t, F)
+    return j, h
+
+
+@triton.jit
+def _band_cands(v, offs, vm, hmask, tdiv, cand_ptr, hrow, frow, row, NT, t, TILE: tl.constexpr,
+                KT: tl.constexpr, NWIN: tl.constexpr, D0_EXP: tl.constexpr, R: tl.constexpr):
+    """With BANDS (a launch that can have a top-p row without top-k): the band read's estimate
+    (_block_bands) and the block's candidates from that one histogram, without one of their
+    own: _block_cands' windows {vm - xp <= D0 2^j} (j < NWIN - 1), each as the top bins
+    [0, e_j], e_j = min(ceil(D0 2^j BAND_S / T) - 1, NBIN - 2) (a bin is 1 / BAND_S unit of
+    x = xp / T; its floor-aligned edges move a window by less than a bin), the widest holding
+    <= KT tokens, else every finite value if the block holds <= KT (bin NBIN - 1 is every
+    bin below), else none. An upper set of xp. Returns (nfin, ncand, the largest v not
+    stored)."""
+    tl.static_assert((KT < 2048) & (TILE < 4096))
+    j, h = _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
+    w = tl.arange(0, NWIN)
+    ends = tl.ceil(tl.exp2((w + D0_EXP).to(tl.float32)) * BAND_S / tdiv) - 1.0
+    ends = tl.where(w == NWIN - 1, NBIN - 1,
+                    tl.minimum(tl.maximum(ends, 0.0), NBIN - 2.0).to(tl.int32))
+    cum = tl.gather(tl.cumsum(h, 0), ends, 0)
+    ok = cum <= KT
+    # the widest window kept (its last bin + 1), its tokens and nfin in one packed sum
+    widest = ok & ((w == NWIN - 1) | (tl.gather(ok.to(tl.int32), tl.minimum(w + 1, NWIN - 1),
+                                                  0) == 0))
+    packed = tl.sum(tl.where(widest, (ends + 1) + (cum << 8), 0)
+                    + tl.where(w == NWIN - 1, cum << 19, 0), axis=0)
+    keep = hmask & (j < (packed & 255))
+    pos, g = _kept_slots_max(keep, tl.where(keep, float("-inf"), v), TILE, R)
+    cbase = (row * NT + t) * KT
+    tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
+    return packed >> 19, (packed >> 8) & 2047, g
 
 
 @triton.jit
