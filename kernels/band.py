@@ -86,6 +86,8 @@ from .stats import F_LO, NF
 # the gather's per-block partials (float32 [B, NG, NT], int32 [B, NT]: the above-winner's id)
 G_WA, G_WK, G_S, G_X, G_AMIN, G_BMAX = (tl.constexpr(i) for i in range(6))
 NG = tl.constexpr(6)
+
+
 @triton.jit
 def _bucket(x, fmax, jc):
     """A band token's bucket (band_plan.py's table): floor(x QR) - qb clamped to [0, NBUCK), a

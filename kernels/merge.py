@@ -36,8 +36,6 @@ from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND,
                     I_NNAN, I_NPOS, LOG2E, _block_stats, _row_bases)
 
 
-
-
 @triton.jit
 def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.constexpr,
                 NT_P2: tl.constexpr):

@@ -420,6 +420,7 @@ def _stats_kernel(
                         PURE_OK, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
                         HAS_BIAS, CD, R, BANDS, TOPN_KB, TOPN_RAW, TOPN_REUSE)
 
+
 @triton.jit
 def _sampling_loops(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, wc_ptr, row, NT, t0,
                     t_end, V, rep, pres, freq, tdiv, c2, la, beta, pure, seed_ptr, seed_s,
