@@ -225,10 +225,7 @@ def _band_cands(v, offs, vm, hmask, tdiv, cand_ptr, hrow, frow, row, NT, t, TILE
                                                   0) == 0))
     packed = tl.sum(tl.where(widest, (ends + 1) + (cum << 8), 0)
                     + tl.where(w == NWIN - 1, cum << 19, 0), axis=0)
-    keep = hmask & (j < (packed & 255))
-    pos, g = _kept_slots_max(keep, tl.where(keep, float("-inf"), v), TILE, R)
-    cbase = (row * NT + t) * KT
-    tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
+    g = _store_cands(hmask & (j < (packed & 255)), v, offs, cand_ptr, row, NT, t, TILE, KT, R)
     return packed >> 19, (packed >> 8) & 2047, g
 
 
@@ -322,12 +319,19 @@ def _block_cands(v, offs, vm, hmask, tdiv, cand_ptr, row, NT, t, TILE: tl.conste
     nkeep = (packed >> 15) & 4095
     jsel = tl.where(nfin <= KT, NWIN - 1, jsel)
     nkeep = tl.where(nfin <= KT, nfin, nkeep)
-    keep = hmask & (k <= jsel)
-    # the largest value not stored comes out of the slots' own reduction
+    g = _store_cands(hmask & (k <= jsel), v, offs, cand_ptr, row, NT, t, TILE, KT, R)
+    return nfin, nkeep, g
+
+
+@triton.jit
+def _store_cands(keep, v, offs, cand_ptr, row, NT, t, TILE: tl.constexpr, KT: tl.constexpr,
+                 R: tl.constexpr):
+    """The kept lanes (xp, id) into block t's first slots, in id order; returns the largest v
+    not stored, which comes out of the slots' own reduction."""
     pos, g = _kept_slots_max(keep, tl.where(keep, float("-inf"), v), TILE, R)
     cbase = (row * NT + t) * KT
     tl.store((cand_ptr + cbase) + pos, _pack_cand(v, offs), mask=keep)
-    return nfin, nkeep, g
+    return g
 
 
 @triton.jit
