@@ -74,10 +74,10 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _gumbel,
-                     _gumbel_of, _hash32, _kept_slots, _maxmin_combine, _param, _penalised_tile,
-                     _pivot_update, _pivots, _quotient, _row_key, _row_scale, _screen_scale,
-                     _screened)
+from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _edges_combine,
+                     _edges_mass_combine, _gumbel, _gumbel_of, _hash32, _kept_slots,
+                     _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots,
+                     _quotient, _row_key, _row_scale, _screen_scale, _screened)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, _finish_sampled, _gather_program,
                      _listed_share, _row_share)
@@ -112,20 +112,6 @@ def _screened_winner(x, a, cand, M, scores, TILE: tl.constexpr):
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
     return s_b, i_b, x_b
-
-
-@triton.jit
-def _edges_combine(lo1, hi1, n1, w1, lo2, hi2, n2, w2):
-    """(min, max, sum, float sum) in one reduction: one cross-warp exchange for the four. The
-    float sum takes tl.sum's order on the GPU (the same tree for any combine); the
-    interpreter folds it pairwise (kernels/interpreter.py), its own fixed order."""
-    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), n1 + n2, w1 + w2
-
-
-@triton.jit
-def _edges_mass_combine(lo1, hi1, w1, lo2, hi2, w2):
-    """_edges_combine without the count (an unscreened gather)."""
-    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), w1 + w2
 
 
 @triton.jit
@@ -296,8 +282,9 @@ def _pivot_pass(xs_ptr, base, n, M, piv, SB: tl.constexpr, NPIV: tl.constexpr):
         mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
         nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
         prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
-    prv, nxt = tl.reduce((prv, nxt), 0, _maxmin_combine)  # one exchange for both
-    return tl.sum(mass, axis=0), nxt, prv
+    # the three in one reduction: one cross-warp exchange
+    nxt, prv, mass = tl.reduce((nxt, prv, mass), 0, _edges_mass_combine)
+    return mass, nxt, prv
 
 
 @triton.jit

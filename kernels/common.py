@@ -605,16 +605,49 @@ def _maxmin_combine(m1, l1, m2, l2):
 
 
 @triton.jit
-def _pivot_partials(x, e, piv, cnt, mass, nxt, prv, USE_COUNT: tl.constexpr):
-    """Accumulate, per pivot t: #{x >= t}, sum_{x >= t} e, min{x >= t}, max{x < t}."""
+def _edges_combine(lo1, hi1, n1, w1, lo2, hi2, n2, w2):
+    """(min, max, sum, float sum) in one reduction: one cross-warp exchange for the four. The
+    float sum takes tl.sum's order on the GPU (the same tree for any combine); the
+    interpreter folds it pairwise (kernels/interpreter.py), its own fixed order."""
+    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), n1 + n2, w1 + w2
+
+
+@triton.jit
+def _edges_mass_combine(lo1, hi1, w1, lo2, hi2, w2):
+    """_edges_combine without the count."""
+    return tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), w1 + w2
+
+
+@triton.jit
+def _pivot_partials(x, e, piv, cnt, mass, nxt, prv, USE_COUNT: tl.constexpr,
+                    ONE_REDUCE: tl.constexpr = True):
+    """Accumulate, per pivot t: #{x >= t}, sum_{x >= t} e, min{x >= t}, max{x < t}. With
+    ONE_REDUCE all in one reduction (one cross-warp exchange: the list searches' rounds are
+    a chain of them); else the sums apart from (min, max), fewer registers live at once (the
+    row pass, inlined where the band finish's cap leaves no room)."""
     ge = x[:, None] >= piv[None, :]
-    if USE_COUNT:
-        cnt += tl.sum(ge.to(tl.float32), axis=0)
-    mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
-    # max x < t and min x >= t in one reduction (one cross-warp exchange for both)
-    below, above = tl.reduce((tl.where(ge, float("-inf"), x[:, None]),
-                              tl.where(ge, x[:, None], float("inf"))), 0, _maxmin_combine)
-    return cnt, mass, tl.minimum(nxt, above), tl.maximum(prv, below)
+    if ONE_REDUCE:
+        lo = tl.where(ge, x[:, None], float("inf"))
+        hi = tl.where(ge, float("-inf"), x[:, None])
+        w = tl.where(ge, e[:, None], 0.0)
+        if USE_COUNT:
+            above, below, n, s = tl.reduce((lo, hi, ge.to(tl.float32), w), 0, _edges_combine)
+            cnt += n
+        else:
+            above, below, s = tl.reduce((lo, hi, w), 0, _edges_mass_combine)
+    else:
+        if USE_COUNT:
+            cnt += tl.sum(ge.to(tl.float32), axis=0)
+        s = tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
+        below, above = tl.reduce((tl.where(ge, float("-inf"), x[:, None]),
+                                  tl.where(ge, x[:, None], float("inf"))), 0, _maxmin_combine)
+    return cnt, mass + s, tl.minimum(nxt, above), tl.maximum(prv, below)
+
+
+@triton.jit
+def _add_max_min_min(n1, a1, b1, c1, n2, a2, b2, c2):
+    """(sum, max, min, min) of four operands in one reduction."""
+    return n1 + n2, tl.maximum(a1, a2), tl.minimum(b1, b2), tl.minimum(c1, c2)
 
 
 @triton.jit
@@ -628,10 +661,13 @@ def _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV: tl.constex
     else:
         w = mass
     ok = w >= target
-    n_ok = tl.sum(ok.to(tl.int32), axis=0)
-    lo = tl.where(n_ok > 0, tl.max(tl.where(ok, nxt, float("-inf")), axis=0), lo)
-    lo_mass = tl.where(n_ok > 0, tl.min(tl.where(ok, mass, float("inf")), axis=0), lo_mass)
-    pv = tl.where(n_ok < NPIV, tl.min(tl.where(ok, float("inf"), prv), axis=0), pv)
+    # the four in one reduction (exact in any order): one exchange a round, not four
+    n_ok, lo_ok, mass_ok, pv_fail = tl.reduce(
+        (ok.to(tl.int32), tl.where(ok, nxt, float("-inf")), tl.where(ok, mass, float("inf")),
+         tl.where(ok, float("inf"), prv)), 0, _add_max_min_min)
+    lo = tl.where(n_ok > 0, lo_ok, lo)
+    lo_mass = tl.where(n_ok > 0, mass_ok, lo_mass)
+    pv = tl.where(n_ok < NPIV, pv_fail, pv)
     return lo, pv, lo_mass
 
 

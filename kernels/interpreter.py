@@ -15,8 +15,9 @@ stats.py's ``_maxmin_combine``): Triton folds it one element at a time in Python
 calls a stage-1 block, 50 of 60 s of a (2, 32000) call. ``_tree_reduce`` folds the same
 function over halves of the axis instead (log2 n vectorised calls, left operand the lower
 indices, as the GPU's tree), which gives the same result for the combines the kernels use
-(max, min, integer sums: exact in any order); a float sum in a user combine would round in
-another order than the slow path's left fold (none exists).
+(max, min, integer sums: exact in any order). A float sum in a user combine (common.py's
+_edges_combine: the band gather's masses, the pivot searches' W(t)) is folded by this tree,
+not by numpy's tl.sum: the kernels compare such sums only with sums made the same way.
 """
 import numpy as np
 

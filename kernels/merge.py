@@ -29,9 +29,9 @@ import triton.language as tl
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .second import HANDED, SHARE_BAND, SHARE_HANDED
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
-                     _best, _better, _cand_id, _cand_x, _gumbel, _head, _maxmin_combine, _param,
-                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
+                     _best, _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head,
+                     _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
+                     _pivots, _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, _block_stats, _row_bases)
 
@@ -227,8 +227,9 @@ def _lane_partials(xs_ptr, base, n, M, piv, USE_COUNT: tl.constexpr, CB: tl.cons
         mass += tl.where(ge, tl.exp(x - M)[:, None], 0.0)
         nxt = tl.minimum(nxt, tl.where(ge, x[:, None], float("inf")))
         prv = tl.maximum(prv, tl.where(ge, float("-inf"), x[:, None]))
-    prv, nxt = tl.reduce((prv, nxt), 0, _maxmin_combine)  # one exchange for both
-    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), nxt, prv
+    # the four in one reduction: one cross-warp exchange
+    nxt, prv, cnt, mass = tl.reduce((nxt, prv, cnt, mass), 0, _edges_combine)
+    return cnt, mass, nxt, prv
 
 
 @triton.jit
@@ -289,7 +290,7 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
                 arow, la, beta, me, CD, False)
             x = xp / tdiv
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
-                                                  USE_COUNT)
+                                                  USE_COUNT, False)
         lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
                                         USE_COUNT)
         rounds += 1
@@ -300,6 +301,12 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
 def _max_max_min(a1, b1, c1, a2, b2, c2):
     """(max, max, min) of three operands in one reduction."""
     return tl.maximum(a1, a2), tl.maximum(b1, b2), tl.minimum(c1, c2)
+
+
+@triton.jit
+def _add_or(a1, f1, a2, f2):
+    """(sum, bitwise or) of two operands in one reduction."""
+    return a1 + a2, f1 | f2
 
 
 @triton.jit
@@ -465,23 +472,40 @@ def _cd_head(lrow, arow, erow, brow, xrow, wfrow, wirow, wcrow, cand_ptr, row, N
 
 
 @triton.jit
-def _row_partials(wfrow, wirow, NT, NT_P2: tl.constexpr):
+def _row_partials(wfrow, wirow, NT, NT_P2: tl.constexpr, CD: tl.constexpr):
     """The blocks' partials merged in block order: (m_t, M, G, lmin, Z, nfin, npos_t, npos,
-    nnan, ncand_t). M, G and lmin in one reduction: one cross-warp exchange where the row's
-    one program waited on three (folding the counts in too spilled the per-row variants)."""
+    nnan, ncand_t); npos and nnan 0 / 1, whether any block has one. M, G and lmin in one
+    reduction, the count and the two flags in another (_row_flags), Z in a third (tl.sum: the
+    order of every path that sums the blocks' masses, also under the interpreter): three
+    cross-warp exchanges where the row's one program waited on five (all in one spilled the
+    per-row variants)."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
     m_t = tl.load(wfrow + F_M * NT + tt, mask=tin, other=float("-inf"))
     M, G, lmin = tl.reduce(
         (m_t, tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf")),
          tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))), 0, _max_max_min)
-    nfin = tl.sum(tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0), axis=0)
     npos_t = tl.load(wirow + I_NPOS * NT + tt, mask=tin, other=0)
-    npos = tl.sum(npos_t, axis=0)
-    nnan = tl.sum(tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0), axis=0)
+    nfin, npos, nnan = _row_flags(wirow, NT, tt, tin, npos_t, CD)
     Z = _row_z(wfrow, NT, tt, tin, m_t, M)
     ncand_t = tl.load(wirow + I_NCAND * NT + tt, mask=tin, other=0)
     return m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t
+
+
+@triton.jit
+def _row_flags(wirow, NT, tt, tin, npos_t, CD: tl.constexpr):
+    """(finite tokens, any +inf x 0 / 1, any NaN 0 / 1) of the row: one reduction of the count
+    and a flag word, or three in the contrastive merge (the pair spilled it at its cap)."""
+    nfin_t = tl.load(wirow + I_NFIN * NT + tt, mask=tin, other=0)
+    nnan_t = tl.load(wirow + I_NNAN * NT + tt, mask=tin, other=0)
+    if CD:
+        nfin = tl.sum(nfin_t, axis=0)
+        flags = (tl.sum(npos_t, axis=0) > 0).to(tl.int32)
+        flags = flags | ((tl.sum(nnan_t, axis=0) > 0).to(tl.int32) << 1)
+    else:
+        flags = (npos_t > 0).to(tl.int32) | ((nnan_t > 0).to(tl.int32) << 1)
+        nfin, flags = tl.reduce((nfin_t, flags), 0, _add_or)
+    return nfin, flags & 1, flags >> 1
 
 
 @triton.jit
@@ -985,7 +1009,8 @@ def _merge_kernel(
         Me = _cd_head(lrow, arow, erow, brow, xrow, wfrow, wirow, wc_ptr + row * 2 * NT, cand_ptr,
                       row, NT, V, rep, pres, freq, tdiv, la, beta, TILE, E_BLOCK, KT, NWIN,
                       D0_EXP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R, NT_P2)
-    m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t = _row_partials(wfrow, wirow, NT, NT_P2)
+    m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t = _row_partials(wfrow, wirow, NT,
+                                                                          NT_P2, CD)
     xpmax, ovf, valid, sampling, gidx = _row_kind(
         lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row, NT, V, rep, pres,
         freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad, KT, TILE, E_BLOCK,
