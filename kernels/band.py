@@ -386,6 +386,13 @@ def _band_draw(xs_ptr, is_ptr, base, n, M, tau, lminp, k0, k1, z_f, best, bidx, 
 
 
 @triton.jit
+def _better_maxmin(s1, i1, x1, m1, l1, s2, i2, x2, m2, l2):
+    """common._better on (score, id, x) and (max, min) of two more operands: one reduction."""
+    s, i, x = _better(s1, i1, x1, s2, i2, x2)
+    return s, i, x, tl.maximum(m1, m2), tl.minimum(l1, l2)
+
+
+@triton.jit
 def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     """The gather's per-block partials of the tokens above the band: (their kept mass, min x
     above, max x below, best score, its token, its x), blocks in index order."""
@@ -394,13 +401,12 @@ def _above_winner(gf, gi, NT, NT_P2: tl.constexpr):
     z_f = tl.sum(tl.load(gf + G_WK * NT + tt, mask=tin, other=0.0), axis=0)
     # max x below, min x above and the blocks' best draw in one reduction (the last program
     # of the row waits on each); padding ids lose every tie
-    bmax, amin = tl.reduce((tl.load(gf + G_BMAX * NT + tt, mask=tin, other=float("-inf")),
-                            tl.load(gf + G_AMIN * NT + tt, mask=tin, other=float("inf"))), 0,
-                           _maxmin_combine)
-    best, bidx, bx = tl.reduce((tl.load(gf + G_S * NT + tt, mask=tin, other=float("-inf")),
-                                tl.load(gi + tt, mask=tin, other=2147483647),
-                                tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf"))), 0,
-                               _better)
+    best, bidx, bx, bmax, amin = tl.reduce(
+        (tl.load(gf + G_S * NT + tt, mask=tin, other=float("-inf")),
+         tl.load(gi + tt, mask=tin, other=2147483647),
+         tl.load(gf + G_X * NT + tt, mask=tin, other=float("-inf")),
+         tl.load(gf + G_BMAX * NT + tt, mask=tin, other=float("-inf")),
+         tl.load(gf + G_AMIN * NT + tt, mask=tin, other=float("inf"))), 0, _better_maxmin)
     return z_f, amin, bmax, best, tl.where(best > float("-inf"), bidx.to(tl.int64), -1), bx
 
 

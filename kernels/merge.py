@@ -29,9 +29,9 @@ import triton.language as tl
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .second import HANDED, SHARE_BAND, SHARE_HANDED
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
-                     _best, _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head,
-                     _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
-                     _pivots, _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
+                     _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head, _param,
+                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
+                     _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, LOG2E, _block_stats, _row_bases)
 
@@ -166,12 +166,12 @@ def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1, z_f, best, bidx
         if not WRITE_PROBS:
             ids = tl.load(is_ptr + slot, mask=ok, other=0)
             score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
-            # x of tokens not kept is 0, not -inf: a masked lane's id (0) may equal the
-            # winner's, and _best sums x over the lanes holding the winner's id
             sb, sid, sx = _better(score, ids, tl.where(keep, x, 0.0), sb, sid, sx)
     z_f += tl.sum(zl, axis=0)
     if not WRITE_PROBS:
-        tb, tid, tx = _best(sb, sid, sx)
+        # the lanes' winners in one reduction by the draw's rule (the winner's lane carries
+        # its x; _best's three reductions were a chain on this program's critical path)
+        tb, tid, tx = tl.reduce((sb, sid, sx), 0, _better)
         found = tb > float("-inf")
         bidx = tl.where(found, tid.to(tl.int64), bidx)
         bx = tl.where(found, tx, bx)
@@ -301,6 +301,18 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
 def _max_max_min(a1, b1, c1, a2, b2, c2):
     """(max, max, min) of three operands in one reduction."""
     return tl.maximum(a1, a2), tl.maximum(b1, b2), tl.minimum(c1, c2)
+
+
+@triton.jit
+def _add_max(a1, b1, a2, b2):
+    """(sum, max) of two operands in one reduction."""
+    return a1 + a2, tl.maximum(b1, b2)
+
+
+@triton.jit
+def _min_add(a1, b1, a2, b2):
+    """(min, sum) of two operands in one reduction."""
+    return tl.minimum(a1, a2), b1 + b2
 
 
 @triton.jit
@@ -641,10 +653,12 @@ def _dirty_blocks(wfrow, NT, LB, ncand_t, G, DIRTY_MAX: tl.constexpr, NT_P2: tl.
     if LB > float("-inf"):
         g_t = tl.load(wfrow + F_G * NT + tt, mask=tin, other=float("-inf"))
         dirty = tin & (g_t >= LB)
-        ndirty = tl.sum(dirty.to(tl.int32), axis=0)
+        # the count and the clean blocks' max in one reduction (one exchange)
+        ndirty, g_clean = tl.reduce((dirty.to(tl.int32), tl.where(dirty, float("-inf"), g_t)),
+                                    0, _add_max)
         redo = (ndirty > 0) & (ndirty <= DIRTY_MAX)
         ncand_t = tl.where(redo & dirty, 0, ncand_t)
-        G = tl.where(redo, tl.max(tl.where(dirty, float("-inf"), g_t), axis=0), G)
+        G = tl.where(redo, g_clean, G)
     return dirty, redo, ncand_t, G
 
 
@@ -677,7 +691,9 @@ def _reached_list(cand_ptr, xs_ptr, is_ptr, base, row, NT, m_t, ncand_t, LB, lis
             n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, _cand_x(v) / tdiv,
                                         _cand_id(v), LB, M, n_c, vmin, vmass)
             ok, v = ok_n, v_n
-    return n_c, tl.min(vmin, axis=0), tl.sum(vmass, axis=0)
+    # the list's min and mass in one reduction (one exchange)
+    cmin, cmass = tl.reduce((vmin, vmass), 0, _min_add)
+    return n_c, cmin, cmass
 
 
 @triton.jit
