@@ -348,14 +348,10 @@ def _finish_best(NT, qf, qi, NT_P2: tl.constexpr):
     ties, its x)."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
-    s_t = tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf"))
-    id_t = tl.load(qi + Q_ID * NT + tt, mask=tin, other=0)
-    best = tl.max(s_t, axis=0)
-    bid = tl.min(tl.where(tin & (s_t == best), id_t, 2147483647), axis=0)
-    bx = tl.max(tl.where(tin & (s_t == best) & (id_t == bid),
-                         tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf")),
-                         float("-inf")), axis=0)
-    return best, bid, bx
+    # one reduction by the draw's rule (a chain of three before); padding loses every tie
+    return tl.reduce((tl.load(qf + Q_S * NT + tt, mask=tin, other=float("-inf")),
+                      tl.load(qi + Q_ID * NT + tt, mask=tin, other=2147483647),
+                      tl.load(qf + Q_X * NT + tt, mask=tin, other=float("-inf"))), 0, _better)
 
 
 @triton.jit
