@@ -78,6 +78,9 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
         consts.setdefault("SECOND", False)
     if kernel in ("band_gather", "gather", "merge"):
         consts.setdefault("SCREEN", False)
+    if kernel == "gather":  # as the launcher: its last program of a row finishes the row
+        consts.setdefault("FINISH", not consts["HAS_PF"])
+        consts.setdefault("S_TAU", 1)
     consts.setdefault("SECOND", consts["TOPK_T"] or not consts["HAS_TOPK"])
     # as the launcher: the band read when a row can have top-p without top-k
     consts.setdefault("BANDS", consts["HAS_TOPP"] and (consts["TOPK_T"] or not consts["HAS_TOPK"])
@@ -209,6 +212,9 @@ VARIANTS = {
     # its screened draw (the launcher's choice above SCREEN_PROGRAMS programs: B >= 2 here)
     "gather:screened": ("gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, S_ZF=2, NS=5,
                                        SCREEN=True, num_warps=4, maxnreg=64)),
+    # per-row parameters without pres./freq.: the row's last program finishes it (FINISH)
+    "gather:per-row+minp screened": ("gather", dict(PER_ROW, HAS_MINP=True, S_ZF=2, NS=5,
+                                                    SCREEN=True, num_warps=4, maxnreg=64)),
     "gather:min-p screened": ("gather", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
                                              HAS_MINP=True, S_ZF=2, NS=5, SCREEN=True,
                                              num_warps=4, maxnreg=64)),

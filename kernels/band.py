@@ -194,7 +194,7 @@ def _band_gather_kernel(
     as one block a program is then the launch's critical path and the screen's test and
     reduction would lengthen it."""
     if SECOND:
-        ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_HANDED, 0, 1)
+        ok, row, t0, t1, _ = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_HANDED, 0, 1)
         if ok:
             _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb,
                             bnd_ptr, x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr,
@@ -203,7 +203,8 @@ def _band_gather_kernel(
                             logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
                             HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, False,
                             False, False, SCREEN)
-    ok, row, t0, t1 = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1, True)
+    ok, row, t0, t1, _ = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1,
+                                    True)
     if ok:
         if tl.load(bi_ptr + row * NBI + I_OK) != 0:
             T, rep, pres, freq, tdiv = _row_scale(

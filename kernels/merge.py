@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
-from .second import HANDED, SHARE_BAND, SHARE_HANDED
+from .second import HANDED, SHARE_BAND, SHARE_HANDED, _handed_list
 from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
                      _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
@@ -965,7 +965,7 @@ def _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f,
         if not KEEP_LIST:
             _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
         if SECOND:
-            _count_row(cnt_ptr + SHARE_HANDED, z_f < 0.0)
+            _list_handed(cnt_ptr, row, z_f < 0.0)
     else:
         tok = tl.where(greedy, gidx, bidx)
         tok = tl.where(valid, tok, -1)
@@ -974,7 +974,7 @@ def _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f,
         tl.store(tok_ptr + row, tok)
         tl.store(logp_ptr + row, lp)
         if SECOND:
-            _count_row(cnt_ptr + SHARE_HANDED, tok == HANDED)
+            _list_handed(cnt_ptr, row, tok == HANDED)
         if BANDS:
             _count_row(cnt_ptr + SHARE_BAND, tok == BAND_ROW)
 
@@ -1069,6 +1069,16 @@ def _count_row(cnt_ptr, busy):
     (a REDG in the SASS)."""
     if busy:
         tl.atomic_add(cnt_ptr, 1, sem="relaxed")
+
+
+@triton.jit
+def _list_handed(cnt_ptr, row, busy):
+    """Counts a row handed to the second read and lists it at the slot its atomic gives
+    (kernels/second.py _spread_handed: the gather's share of its grid; the count is reset by
+    stage 1)."""
+    if busy:
+        slot = tl.atomic_add(cnt_ptr + SHARE_HANDED, 1, sem="relaxed")
+        tl.store(_handed_list(cnt_ptr) + slot, row.to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["TPC"])

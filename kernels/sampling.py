@@ -13,8 +13,10 @@ workspace per (B, V, L):
                                                               (+ exact fallback over the row for
                                                               rows with a threshold to search)
     kernels/second.py   _gather_kernel          grid (B, C)   the second read of rows handed over
-                                                              (min-p alone, unproven pure T)
-    kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f)
+                                                              (min-p alone, unproven pure T); a
+                                                              row's last program finishes it
+    kernels/second.py   _finish_kernel          grid (B,)     their token, logprob (or Z_f) where
+                                                              the gather cannot (pres./freq.)
     kernels/band.py     _band_gather_kernel     grid (B, C)   the second read of top-p rows (no
                                                               top-k) the merge hands over with their
                                                               band plan: above / band / below
@@ -416,18 +418,22 @@ class _Second(NamedTuple):
 
 
 def _launch_second(c, s, tok, logp, cnt, finish):
-    """The second read (kernels/second.py): gather, grid (B, C), then finish, grid (B,), unless
-    the band finish does it (``finish`` False). The gather is capped at stage 1's 64 registers
-    (8 programs per SM; uncapped it took 93 once its row came from second._row_share), but
-    with contrastive decoding (64 spilled 44 bytes there)."""
+    """The second read (kernels/second.py): gather, grid (B, C), whose last program of a row
+    finishes it (FINISH), unless the band finish does it (``finish`` False); with presence /
+    frequency penalties the finish keeps its launch (grid (B,)): the row re-draw, a second
+    copy of the gather's block loop, spilled 44 bytes there under the gather's cap. The gather
+    is capped at stage 1's 64 registers (8 programs per SM; uncapped it took 93 once its row
+    came from second._row_share), but with contrastive decoding (64 spilled 44 bytes there)."""
     g, L = c.g, c.logits
+    own = finish and not c.const["HAS_PF"]
     _gather_kernel[(L.shape[0], g["C"])](
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], cnt, *c.hist, *_penalty_args(c),
         *c.p["minp"].pair(), *c.p["seed"].pair(), *c.p["off"].pair(), s.rf, tok, s.sf, s.qf,
-        s.qi, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
-        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, SCREEN=c.screen, num_warps=c.num_warps,
+        s.qi, logp, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
+        WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, SCREEN=c.screen, FINISH=own,
+        S_TAU=S_TAU, STATE=c.top.state, NT_P2=g["NT_P2"], num_warps=c.num_warps,
         **({} if c.const["CD"] else _regs(STATS_REGS)), **c.const)
-    if finish:
+    if finish and not own:
         _finish_second(c, s.rf, s.qf, s.qi, tok, logp, s.sf, s.write_probs)
 
 
@@ -712,7 +718,8 @@ def _run(c, write_probs, npiv, max_rounds, residual=None):
             _workspace((B, NT, KT), torch.int64, dev))
     band = _band_work(c)
     # the merge's counts of rows that take a second read (kernels/second.py _row_share)
-    cnt = (_workspace((SHARE_LIST.value + B,), torch.int32, dev) if c.second or c.bands
+    # the list of rows handed to the second read and its tickets (second._handed_list, _ticket)
+    cnt = (_workspace((SHARE_LIST.value + 3 * B,), torch.int32, dev) if c.second or c.bands
            else c.logits)
     _launch_stats(c, *work, band.hb, band.ft, cnt)
     if write_probs:

@@ -2,12 +2,16 @@
 
 v2 ran the exact fallback inside the merge program, one program per row; here a row whose kept
 set needs no threshold search (min-p alone, or pure temperature whose Gumbel winner the block
-partials did not prove) is finished by two launches after the merge:
+partials did not prove) is finished by one launch after the merge:
 
     _gather_kernel   grid (B, C)   reads the row's blocks once more, with the row's M known:
-                                   per block the exact draw partial of its kept tokens
-    _finish_kernel   grid (B,)     reduces the block partials in block order: token, logprob
-                                   (or Z_f for the distribution)
+                                   per block the exact draw partial of its kept tokens; the
+                                   row's last program (a ticket: one acq_rel atomic) reduces
+                                   the block partials in block order: token, logprob (or Z_f
+                                   for the distribution)
+    _finish_kernel   grid (B,)     that reduction in a launch of its own, where the gather's
+                                   copy would spill (presence / frequency penalties) or a
+                                   row state is kept beside the band read's finish
 
 Math per block t (x = fl(xp / T), M the row's max, kept = finite x >= HI with x - M >= ln min_p;
 HI = the row's min finite x here, i.e. every finite x):
@@ -67,7 +71,9 @@ BUSY_BAND, BUSY_HANDED, BUSY_HANDED_ZF = (tl.constexpr(i) for i in range(3))
 SHARE_RB = tl.constexpr(128)
 # the merge's counts of them (int32 [NSHARE]; stage 1 resets them, the merge adds one a row),
 # then, where the band gather spread over the grid, its count of band rows and the rows in
-# slot order (int32 [1 + B], for the band finish: _listed_share)
+# slot order (int32 [1 + B], for the band finish: _listed_share), the merge's list of the rows
+# it handed over (int32 [B], _handed_list) and the gather's tickets (int32 [B]: a row's gather
+# programs that are done, _ticket; stage 1 resets them)
 SHARE_BAND, SHARE_HANDED, SHARE_N, SHARE_LIST = (tl.constexpr(i) for i in range(4))
 NSHARE = tl.constexpr(2)
 
@@ -99,23 +105,29 @@ def _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC, MODE: tl.constexpr, S_ZF: tl.c
     """This program's share of a gather (module docstring): (it has one, the row, its blocks
     [t0, t1)). With every row or none taking the read (the merge's count), program (row, c)
     keeps stage 1's blocks of its own row (one load, beside its own flag's); with some, the
-    busy rows' cp programs each split their row's blocks (_spread). The count only picks the
-    path: the spread comes from the flags themselves, so a wrong count would cost time, never
-    change which blocks are read. With LIST (the band gather) a spread also records the busy
-    rows in slot order and their number, for the band finish's share (_listed_share: the
-    finish writes the rows' tokens, so it cannot read their flags while other programs run)."""
+    busy rows' cp programs each split their row's blocks: band rows from the flags themselves
+    (_spread), rows handed over from the merge's list of them (_spread_handed: the gather's
+    last program of a row writes its token, the flag, while other programs may still be
+    starting). With LIST (the band gather) a spread also records the busy rows in slot order
+    and their number, for the band finish's share (_listed_share: the finish writes the rows'
+    tokens, so it cannot read their flags while other programs run). Also returns cp, the
+    programs that share the row (its gather's ticket count)."""
     ok = _takes(tok_ptr, sf_ptr, tl.program_id(0), tl.program_id(0) >= 0, MODE, S_ZF, NS)
     row = tl.program_id(0)
     j = tl.program_id(1)
     tpc = TPC
+    cp = tl.num_programs(1)
     if _spread_on(cnt_ptr, MODE):
-        ok, row, slot, j, cp, n = _spread(tok_ptr, sf_ptr, MODE, S_ZF, NS)
+        if MODE == BUSY_BAND:
+            ok, row, slot, j, cp, n = _spread(tok_ptr, sf_ptr, MODE, S_ZF, NS)
+        else:
+            ok, row, slot, j, cp, n = _spread_handed(cnt_ptr)
         tpc = (NT + cp - 1) // cp
         if LIST:
             tl.store(cnt_ptr + SHARE_LIST + slot, row, mask=ok & (j == 0))
             tl.store(cnt_ptr + SHARE_N, n, mask=(slot == 0) & (j == 0))
     t0 = j * tpc
-    return ok, row.to(tl.int64), t0, tl.minimum(t0 + tpc, NT)
+    return ok, row.to(tl.int64), t0, tl.minimum(t0 + tpc, NT), cp
 
 
 @triton.jit
@@ -181,6 +193,30 @@ def _spread(tok_ptr, sf_ptr, MODE: tl.constexpr, S_ZF: tl.constexpr, NS: tl.cons
 
 
 @triton.jit
+def _spread_handed(cnt_ptr):
+    """_spread for the rows the merge handed over, from its count n and its list of them
+    (_handed_list, in the order its atomics gave them slots: which program reads which block
+    changes from call to call, no output does). Returns (pid has a row, the row, its slot, j,
+    cp, n)."""
+    B = tl.num_programs(0)
+    C = tl.num_programs(1)
+    pid = tl.program_id(0) * C + tl.program_id(1)
+    n = tl.load(cnt_ptr + SHARE_HANDED)
+    cp = (B * C) // tl.maximum(n, 1)
+    slot = pid // cp
+    ok = slot < n
+    row = tl.load(_handed_list(cnt_ptr) + slot, mask=ok, other=0)
+    return ok, row, slot, pid % cp, cp, n
+
+
+@triton.jit
+def _handed_list(cnt_ptr):
+    """The merge's list of the rows it handed over (int32 [B] in the counts, a grid (B, *)):
+    after the band gather's list."""
+    return cnt_ptr + SHARE_LIST + tl.num_programs(0)
+
+
+@triton.jit
 def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
             WRITE_PROBS: tl.constexpr):
     """Did the merge hand this row over (token -2, or Z_f -1 for the distribution)?"""
@@ -227,7 +263,7 @@ def _gather_kernel(
     edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
     temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
     seed_ptr, seed_s, off_ptr, off_s,
-    rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr,
+    rf_ptr, tok_ptr, sf_ptr, qf_ptr, qi_ptr, logp_ptr,
     am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
     TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
     MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -236,14 +272,19 @@ def _gather_kernel(
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
     S_ZF: tl.constexpr, NS: tl.constexpr, SCREEN: tl.constexpr = False,
+    FINISH: tl.constexpr = False, S_TAU: tl.constexpr = 0, STATE: tl.constexpr = False,
+    NT_P2: tl.constexpr = 2,
 ):
     """Grid (B, C); the rows the merge handed over share its programs (_row_share). Each reads
     its blocks once (V * s bytes per row in all, + V * s_a with CD, + its history edits) and
     writes 4 words per block; every program reads the merge's count and its row's flag (token,
     or Z_f), and the B flags where only some rows were handed over. With SCREEN (the
-    launcher's choice, as the band gather's) the draw is screened against the merge's S."""
-    ok, row, t0, t1 = _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC,
-                                 BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED, S_ZF, NS)
+    launcher's choice, as the band gather's) the draw is screened against the merge's S.
+    With FINISH the row's last program finishes it (_finish_handed, _finish_kernel's work: one
+    launch fewer): a CTA barrier, then one acq_rel atomic on the row's ticket (_ticket, reset
+    by stage 1); the program that takes ticket cp - 1 of the row's cp is its last."""
+    ok, row, t0, t1, cp = _row_share(tok_ptr, sf_ptr, cnt_ptr, NT, TPC,
+                                     BUSY_HANDED_ZF if WRITE_PROBS else BUSY_HANDED, S_ZF, NS)
     if ok:
         _gather_program(row, t0, t1, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
                         x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
@@ -252,6 +293,26 @@ def _gather_kernel(
                         TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T, HAS_MINP, HAS_REP,
                         HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, LA_T, BETA_T, CD,
                         SCREEN and not WRITE_PROBS)
+        if FINISH:
+            # every store of this program is released before the ticket, every other
+            # program's is visible after it (acq_rel), as the band finish's slices do
+            tl.debug_barrier()
+            if tl.atomic_add(_ticket(cnt_ptr, row), 1, sem="acq_rel") == cp - 1:
+                _finish_handed(row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb,
+                               bnd_ptr, x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s,
+                               pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr,
+                               seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr,
+                               logp_ptr, sf_ptr, am_ptr, stride_ab, la_ptr, la_s, beta_ptr,
+                               beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
+                               HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                               LA_T, BETA_T, CD, S_TAU, S_ZF, NS, WRITE_PROBS, NT_P2, STATE)
+
+
+@triton.jit
+def _ticket(cnt_ptr, row):
+    """Row ``row``'s gather ticket in the counts (int32 [SHARE_LIST + 3 B]), in a grid (B, *):
+    after the merge's list of rows handed over."""
+    return cnt_ptr + SHARE_LIST + 2 * tl.num_programs(0) + row
 
 
 @triton.jit
@@ -322,24 +383,50 @@ def _finish_kernel(
     token and logprob, or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel (with STATE
     both: the merge's row state made whole for kernels/topn.py). A winner below the screen's
     bound S re-draws the row here, unscreened (_finish_row: the gather's arguments are for
-    that; probability <= 1.9e-9 a row)."""
+    that; probability <= 1.9e-9 a row). The gather does this itself where it takes FINISH."""
     row = tl.program_id(0).to(tl.int64)
     if _handed(tok_ptr, sf_ptr, row, S_ZF, NS, WRITE_PROBS):
-        tt = tl.arange(0, NT_P2)
-        tin = tt < NT
-        qf = qf_ptr + row * NQ * NT
-        z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
-        if WRITE_PROBS or STATE:
-            tl.store(sf_ptr + row * NS + S_ZF, z_f)
-            tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
-        if not WRITE_PROBS:
-            _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
-                        x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
-                        freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
-                        rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, am_ptr, stride_ab, la_ptr,
-                        la_s, beta_ptr, beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
-                        OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
-                        LA_T, BETA_T, CD, NT_P2)
+        _finish_handed(row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr,
+                       stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr,
+                       freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s, rf_ptr,
+                       qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr, am_ptr, stride_ab, la_ptr,
+                       la_s, beta_ptr, beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
+                       OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                       LA_T, BETA_T, CD, S_TAU, S_ZF, NS, WRITE_PROBS, NT_P2, STATE)
+
+
+@triton.jit
+def _finish_handed(
+    row, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr, x_ptr, stride_xb,
+    temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, freq_s, minp_ptr, minp_s,
+    seed_ptr, seed_s, off_ptr, off_s, rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, sf_ptr,
+    am_ptr, stride_ab, la_ptr, la_s, beta_ptr, beta_s,
+    TEMP_T: tl.constexpr, REP_T: tl.constexpr, PRES_T: tl.constexpr, FREQ_T: tl.constexpr,
+    MINP_T: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+    HAS_MINP: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+    LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr,
+    S_TAU: tl.constexpr, S_ZF: tl.constexpr, NS: tl.constexpr,
+    WRITE_PROBS: tl.constexpr, NT_P2: tl.constexpr, STATE: tl.constexpr,
+):
+    """A handed-over row's finish from its 4 words per block: Z_f, then the token and logprob
+    (_finish_row), or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel (with STATE both:
+    the merge's row state made whole for kernels/topn.py)."""
+    tt = tl.arange(0, NT_P2)
+    tin = tt < NT
+    qf = qf_ptr + row * NQ * NT
+    z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
+    if WRITE_PROBS or STATE:
+        tl.store(sf_ptr + row * NS + S_ZF, z_f)
+        tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
+    if not WRITE_PROBS:
+        _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
+                    x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
+                    freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,
+                    rf_ptr, qf_ptr, qi_ptr, tok_ptr, logp_ptr, am_ptr, stride_ab, la_ptr,
+                    la_s, beta_ptr, beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
+                    OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
+                    LA_T, BETA_T, CD, NT_P2)
 
 
 @triton.jit

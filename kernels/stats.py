@@ -49,7 +49,7 @@ import triton.language as tl
 from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots_max,
                      _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
                      _row_scale)
-from .second import NSHARE
+from .second import NSHARE, _ticket
 from .topn import _block_raw, _block_raw_cands, _block_top
 
 # workspace field order (float32 [B, 6, NT] and int32 [B, 5, NT]); F_BX (the best token's xp),
@@ -384,12 +384,14 @@ def _stats_kernel(
     greedy blocks; GREEDY_ROWS (a tensor T) sends each row with T == 0 to them (both only in
     calls asking tokens and logprobs: sampling._greedy_reads). With SHARE (a launch whose rows
     may take a second read) program (0, 0) resets the merge's counts of such rows (cnt, int32
-    [NSHARE]: kernels/second.py _row_share)."""
+    [NSHARE]: kernels/second.py _row_share) and program (row, 0) its row's gather ticket."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if SHARE:
         if (row == 0) & (c == 0):
             tl.store(cnt_ptr + tl.arange(0, NSHARE), tl.zeros([NSHARE], tl.int32))
+        if c == 0:
+            tl.store(_ticket(cnt_ptr, row), 0)
     lrow, arow, erow, brow, xrow, wfrow, wirow = _row_bases(
         logits_ptr, stride_lb, am_ptr, stride_ab, edits_ptr, stride_eb, bnd_ptr, x_ptr,
         stride_xb, wf_ptr, wi_ptr, row, NT, HDIRECT)

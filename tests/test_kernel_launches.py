@@ -94,3 +94,45 @@ def test_one_gather_for_both_hand_overs(monkeypatch):
     kw = {k: v for k, v in kw.items() if k not in ("tile", "cand")}
     want = reference.sample_reference(x, **kw)
     assert torch.equal(fused[0], want[0])
+
+
+def test_gather_finishes_its_rows(monkeypatch):
+    """Rows handed to the second read (flat min-p rows) are finished by their last gather
+    program (kernels/second.py FINISH: a ticket per row, reset by the merge): no finish launch,
+    whether every row is handed over (each keeps its stage-1 programs) or one of three (it
+    shares the grid), with a NaN-poisoned workspace (the ticket starts from the merge's reset)
+    and at 1 / 3 chunks; with presence penalties the finish keeps its launch. The twin's
+    tokens and logprobs, the same bits either way."""
+    ks = _ks()
+    gather, finish = _Count(ks._gather_kernel), _Count(ks._finish_kernel)
+    monkeypatch.setattr(ks, "_gather_kernel", gather)
+    monkeypatch.setattr(ks, "_finish_kernel", finish)
+    from test_kernel_band import _check
+    x = torch.randn(3, 1031, generator=torch.Generator().manual_seed(91))
+    every = dict(temperature=1.0, min_p=torch.tensor([0.05, 0.02, 0.1]))
+    one = dict(temperature=1.0, min_p=torch.tensor([0.0, 0.05, 0.0]),
+               top_k=torch.tensor([20, 0, 50]))
+    for kw in (every, one):
+        kw = dict(kw, seed=torch.arange(3) + 5, offset=torch.arange(3))
+        gather.n = finish.n = 0
+        got = ks.fused_sample(x, tile=64, cand=8, **kw)
+        assert (gather.n, finish.n) == (1, 0)
+        _check(x, kw, *got)
+        _same(got, ks.fused_sample(x, tile=64, cand=8, chunks=1, **kw))
+        _same(got, ks.fused_sample(x, tile=64, cand=8, chunks=3, **kw))
+    pf = dict(every, presence_penalty=0.3, input_ids=torch.randint(0, 1031, (3, 40)),
+              seed=torch.arange(3) + 5)
+    finish.n = 0
+    clean = ks.fused_sample(x, tile=64, cand=8, **pf)
+    assert finish.n == 1
+    _check(x, pf, *clean)
+
+    def poisoned(shape, dtype, device):
+        t = torch.empty(shape, dtype=dtype, device=device)
+        return t.fill_(float("nan")) if dtype.is_floating_point else t.fill_(0x7F7F7F7F)
+
+    kw = dict(every, seed=torch.arange(3) + 5, offset=torch.arange(3))
+    want = ks.fused_sample(x, tile=64, cand=8, **kw)
+    monkeypatch.setattr(ks, "_workspace", poisoned)
+    _same(want, ks.fused_sample(x, tile=64, cand=8, **kw))
+    _same(clean, ks.fused_sample(x, tile=64, cand=8, **pf))

@@ -85,11 +85,13 @@ def _unscreened_then_bound_above_all(monkeypatch, x, kw):
 
 
 def test_winner_below_the_bound_redraws_the_row(monkeypatch):
-    """With S above every score the finish finds no winner above S and re-draws each row
-    unscreened (a read of its logits): the unscreened tokens."""
+    """With S above every score the finish (each row's last gather program) finds no winner
+    above S and re-draws the row unscreened (a second read of its logits in the gather
+    launch, no finish launch): the unscreened tokens."""
     x, kw = _min_p_rows(3, 2053, 82)
     tok0, lp0, tok, lp, reads = _unscreened_then_bound_above_all(monkeypatch, x, kw)
-    assert reads.bytes["_finish_kernel"] == x.numel() * 4
+    assert "_finish_kernel" not in reads.grids
+    assert reads.bytes["_gather_kernel"] == 2 * x.numel() * 4
     assert torch.equal(tok, tok0) and torch.equal(lp, lp0)
 
 
