@@ -39,13 +39,15 @@ Passes over the logits: 1 (stage 1) + 1 (gather) for these rows; both launches a
 (+ 1 in the finish, one program, for a row re-drawn there).
 
 Who reads what (_row_share): where only n < B rows take a gather (rows handed over here, band
-rows in kernels/band.py), they share all B C programs of its grid, P // n a row in row order,
-each a contiguous run of blocks, instead of their own C while the rest of the grid idles: a
-mixed batch at B = 64, V = 128256 with 13 band rows reads 2 blocks a program instead of 8. The
-merge counts such rows (one relaxed atomic add a row, after its flag; stage 1 resets the
-counts); with n = B or 0 program (row, c) keeps stage 1's blocks of its own row. The count only
-picks the path: the spread share comes from the rows' flags themselves. Every output is per
-block, so no split changes a bit.
+rows in kernels/band.py), they share all B C programs of its grid, P // n a row, each a
+contiguous run of blocks, instead of their own C while the rest of the grid idles: a mixed
+batch at B = 64, V = 128256 with 13 band rows reads 2 blocks a program instead of 8. The merge
+counts such rows (one relaxed atomic add a row, after its flag; stage 1 resets the counts);
+with n = B or 0 program (row, c) keeps stage 1's blocks of its own row. Band rows share in row
+order, from the rows' flags (the count only picks the path); rows handed over here in the
+order of the merge's list of them (each at the slot its count's atomic returned), since the
+gather's last program of a row overwrites the row's flag with its token while other programs
+may still be starting. Every output is per block, so no split changes a bit.
 """
 import triton
 import triton.language as tl
