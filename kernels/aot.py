@@ -226,7 +226,7 @@ VARIANTS = {
     "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
                                              maxnreg=72)),
     "merge:bands": ("merge", dict(HAS_TOPK=False, HAS_REP=False, maxnreg=128)),
-    # the gather as the launcher caps it (sampling._gather_regs): 64, 88 with pres./freq., 80
+    # the gather as the launcher caps it (sampling._gather_regs): 64, 96 with pres./freq., 80
     # with the second read's gather; its draw screened (more programs than SMs: B >= 2 here)
     # but for the one-program-a-block launch of B = 1
     "band_gather:plain": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False, SCREEN=True,
@@ -234,7 +234,7 @@ VARIANTS = {
     "band_gather:plain unscreened": ("band_gather", dict(HAS_TOPK=False, HAS_REP=False,
                                                          num_warps=4, maxnreg=64)),
     "band_gather": ("band_gather", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, SCREEN=True,
-                                        num_warps=4, maxnreg=88)),
+                                        num_warps=4, maxnreg=96)),
     # both hand-overs in one launch: the band gather runs the second read's gather too
     "band_gather:per-row+minp+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                             HAS_REP=False, SECOND=True,
@@ -243,7 +243,7 @@ VARIANTS = {
     "band_gather:per-row+minp+pf+second": ("band_gather", dict(PER_ROW, HAS_MINP=True,
                                                                HAS_PF=True, SECOND=True,
                                                                SCREEN=True,
-                                                               num_warps=4, maxnreg=88)),
+                                                               num_warps=4, maxnreg=96)),
     "band_finish": ("band_finish", dict(PER_ROW, HAS_MINP=True, HAS_PF=True, CB=512,
                                         SB2=256, NPIV2=16, FP=16, SEG=64, SECOND=False,
                                         maxnreg=128)),

@@ -13,8 +13,10 @@ Estimate, then validate (kernels/README.md, "v4"; bench/window_sim.py is the flo
                                       best Gumbel score of the tokens above the band (scored
                                       only where one can reach the plan's bound S, below), the
                                       smallest x above it and the largest x below it; the
-                                      band's tokens (x, id) appended at the block's offset and
-                                      their fixed-point masses added to the row's bucket table
+                                      band's tokens (x, id) appended at the block's offset;
+                                      after its blocks, each program adds its tokens'
+                                      fixed-point masses to the row's bucket table (read back
+                                      from the list: ~5% of a flat row's lanes)
     _band_finish_kernel  grid (B, FP) tau's bucket from the table; each program filters 1 / FP
                                       of the band list (bucket-b tokens, the draw above b); the
                                       row's last program (an atomic ticket) searches tau on the
@@ -65,8 +67,8 @@ few pass.
 Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C); a failed row
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
 260 per block (stage 1's estimate, written once, read twice by the plan), 28 per block (gather
-partials), 8 per band token (written once, read once by the finish's slices) and an 8-byte
-atomic add each, the 8 KB table (reset by the plan, read by each finish program), 8 bytes per
+partials), 8 per band token (written once, read once by the finish's slices; its x read back
+once by the gather's table pass, from L1 / L2) and an 8-byte atomic add each, the 8 KB table (reset by the plan, read by each finish program), 8 bytes per
 bucket-b token (copied twice, then read once a round and by the draw).
 """
 import triton
@@ -115,14 +117,14 @@ def _screened_winner(x, a, cand, M, scores, TILE: tl.constexpr):
 
 
 @triton.jit
-def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t, F, NT, t, V,
+def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, orow, F, NT, t, V,
                 rep, pres, freq, tdiv, M, fmax, ja, jc, lminp, k0, k1, ks, CAP,
                 TILE: tl.constexpr, E_BLOCK: tl.constexpr, HAS_MINP: tl.constexpr,
                 HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                 HAS_BIAS: tl.constexpr, R: tl.constexpr, SCREEN: tl.constexpr):
     """Block t of a band row (module docstring): its partials, its band tokens appended at
-    its offset in block order (rank = the lane's order among the block's band tokens) and
-    added into the row's bucket table (integer atomics: the same sums in any order)."""
+    its offset orow[t] in block order (rank = the lane's order among the block's band
+    tokens); the program adds them into the row's bucket table afterwards (_band_table)."""
     offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           lrow, 0.0, 0.0, 0.0, False, False)
@@ -159,12 +161,27 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, off_t
     tl.store(gf + G_AMIN * NT + t, amin)
     tl.store(gf + G_BMAX * NT + t, bmax)
     tl.store(gi + t, (t * TILE + i_b).to(tl.int32))
+    off_t = tl.load(orow + t)
     pos = off_t + _kept_slots(band, TILE, R)
     sel = band & (pos < CAP)  # by construction always (the plan counted the same bins)
     tl.store(xs_ptr + base + pos, x, mask=sel)
     tl.store(is_ptr + base + pos, offs, mask=sel)
-    qp = tab + _bucket(x, fmax, jc)
-    tl.atomic_add(qp, (e * FX).to(tl.int64), mask=sel, sem="relaxed")
+
+
+@triton.jit
+def _band_table(xrow, i0, i1, tab, M, fmax, jc, R: tl.constexpr):
+    """The band tokens a program appended, list entries [i0, i1), added into the row's bucket
+    table: e 2^47 by integer atomics (the same sums in any order). Read back from the list, R
+    a step, after the program's blocks (a flat row's block holds ~60 of its 1024 lanes)
+    rather than on each block's TILE lanes, where every lane paid the bucket, the address and
+    the atomic: the same x, so the same e and the same integers. Its own loop after the block
+    loop: inside it, the step spilled under the 64-register cap."""
+    for b0 in range(i0, i1, R):
+        j = b0 + tl.arange(0, R)
+        ok = j < i1
+        x = tl.load(xrow + j, mask=ok, other=0.0)
+        tl.atomic_add(tab + _bucket(x, fmax, jc), (tl.exp(x - M) * FX).to(tl.int64), mask=ok,
+                      sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["TPC", "stride_lb", "seed_s", "off_s"])
@@ -226,10 +243,18 @@ def _band_gather_kernel(
                 _band_block(lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                             x_ptr + row * stride_xb, gf_ptr + row * NG * NT, gi_ptr + row * NT,
                             tab_ptr + row * NBUCK, xs_ptr, is_ptr, row * CAP,
-                            tl.load(boff_ptr + row * NT + t), tl.load(ft_ptr + row * NT + t),
-                            NT, t, V, rep, pres, freq, tdiv, M, fmax, ja, jc, lminp, k0, k1, ks,
-                            CAP, TILE, E_BLOCK, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R,
-                            SCREEN)
+                            boff_ptr + row * NT,
+                            tl.load(ft_ptr + row * NT + t), NT, t, V, rep, pres, freq, tdiv, M,
+                            fmax, ja, jc, lminp, k0, k1, ks, CAP, TILE, E_BLOCK, HAS_MINP,
+                            HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, R, SCREEN)
+            if t0 < t1:
+                # the list's entries were stored by the lanes that held them, read back by
+                # others; [t0, t1)'s tokens are list entries [boff[t0], boff[t1]) (boff[NT] = n)
+                tl.debug_barrier()
+                i1 = tl.load(boff_ptr + row * NT + t1, mask=t1 < NT,
+                             other=tl.load(bi_ptr + row * NBI + I_N))
+                _band_table(xs_ptr + row * CAP, tl.load(boff_ptr + row * NT + t0), i1,
+                            tab_ptr + row * NBUCK, M, fmax, jc, R)
 
 
 @triton.jit

@@ -67,7 +67,8 @@ STATS_REGS_TOPN = 128
 STATS_SLOTS_TOPN = 4 * SMS
 # The band gather with the second read's gather in the same launch: 80 registers (72 spilled
 # 8-20 bytes once its row came from second._row_share, not the program id), 6 programs per SM;
-# with presence / frequency penalties 88 (80 spilled 4 bytes), 5 per SM.
+# with presence / frequency penalties 96 (80 spilled 4 bytes; 88 spilled 16 once the band
+# gather's table pass followed its blocks), 5 per SM as at 88 (65536 / (128 x 96) = 5.3).
 GATHER_REGS_WIDE = 80
 GATHER_SLOTS_WIDE = 6 * SMS
 # The gathers screen their draw (kernels/band.py _screened_winner, kernels/second.py
@@ -76,7 +77,7 @@ GATHER_SLOTS_WIDE = 6 * SMS
 # logs pays; at one block a program (B = 1) the slowest program is the launch, and a block
 # that scores takes longer with the screen's test than without (modelled 6.2 against 5.5 us)
 SCREEN_PROGRAMS = SMS
-GATHER_REGS_PF = 88
+GATHER_REGS_PF = 96
 BAND_SLICES = 16           # the band finish's slices of a row's band list, at most
 GATHER_SLOTS_PF = 5 * SMS
 RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
