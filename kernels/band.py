@@ -219,7 +219,7 @@ def _band_gather_kernel(
                             off_s, rf_ptr, qf_ptr, qi_ptr, logits_ptr, 0, logits_ptr, 0.0,
                             logits_ptr, 0.0, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T, OFF_T,
                             HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK, False,
-                            False, False, SCREEN)
+                            False, False, SCREEN, False)
     ok, row, t0, t1, _ = _row_share(tok_ptr, tok_ptr, cnt_ptr, NT, TPC, BUSY_BAND, 0, 1,
                                     True)
     if ok:

@@ -191,6 +191,19 @@ def _add2(a0, a1, b0, b1):
 
 
 @triton.jit
+def _add(a, b):
+    """A sum as a reduction's combine (tl.sum's tree: under the interpreter too, where tl.sum
+    is numpy's and a combine is kernels/interpreter.py's tree, the tree a fused sum takes)."""
+    return a + b
+
+
+@triton.jit
+def _add_max(a1, b1, a2, b2):
+    """(sum, max) of two operands in one reduction."""
+    return a1 + a2, tl.maximum(b1, b2)
+
+
+@triton.jit
 def _add2_max(a0, a1, a2, b0, b1, b2):
     """(sum, sum, max): the slot words' totals and a max in one reduction."""
     return a0 + b0, a1 + b1, tl.maximum(a2, b2)

@@ -28,8 +28,8 @@ import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .second import HANDED, SHARE_BAND, SHARE_HANDED, _handed_list
-from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _bad_row,
-                     _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head, _param,
+from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _add_max,
+                     _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head, _param,
                      _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
                      _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
@@ -301,12 +301,6 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
 def _max_max_min(a1, b1, c1, a2, b2, c2):
     """(max, max, min) of three operands in one reduction."""
     return tl.maximum(a1, a2), tl.maximum(b1, b2), tl.minimum(c1, c2)
-
-
-@triton.jit
-def _add_max(a1, b1, a2, b2):
-    """(sum, max) of two operands in one reduction."""
-    return a1 + a2, tl.maximum(b1, b2)
 
 
 @triton.jit

@@ -53,8 +53,8 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW
-from .common import (_better, _gumbel_of, _hash32, _param, _penalised_tile, _row_key,
-                     _row_scale, _screen_scale, _screened)
+from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _param, _penalised_tile,
+                     _row_key, _row_scale, _screen_scale, _screened)
 
 # row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, HI, and S, the
 # draw's screen bound, common.py; the hand-over itself is flagged in the merge's outputs: token
@@ -230,7 +230,8 @@ def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
 def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI,
                   lminp, la, beta, me, k0, k1, ks, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                   HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr,
+                  FUSE: tl.constexpr = True):
     """Block t's draw partial over its kept tokens (module docstring); with SCREEN the draw
     over those that can reach the merge's bound S only (common._screened; none: -inf, lane 0,
     -inf), which the finish checks."""
@@ -245,15 +246,24 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
     s_b = tl.full([], float("-inf"), tl.float32)
     i_b = tl.zeros([], tl.int32)
     x_b = tl.full([], float("-inf"), tl.float32)
+    # the kept mass and whether any lane can score in one reduction (one cross-warp exchange),
+    # or in two (FUSE off: the band gather's launch with both hand-overs spilled 104 bytes at
+    # its 80 cap); the same tree for the sum either way
     scores = True
-    if SCREEN:
-        scores = tl.max(cand.to(tl.int32), axis=0) > 0
+    if FUSE:
+        zf, nc = tl.reduce((tl.where(kept, e, 0.0), cand.to(tl.int32)), 0, _add_max)
+        if SCREEN:
+            scores = nc > 0
+    else:
+        zf = tl.reduce(tl.where(kept, e, 0.0), 0, _add)
+        if SCREEN:
+            scores = tl.max(cand.to(tl.int32), axis=0) > 0
     if scores:
         score = tl.where(cand, (x - M) + _gumbel_of(a), float("-inf"))
         # the winner, its lane and its x in one reduction (the draw's rule; unscreened, lane 0
         # if none is kept)
         s_b, i_b, x_b = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
-    tl.store(qf + Q_ZF * NT + t, tl.sum(tl.where(kept, e, 0.0), axis=0))
+    tl.store(qf + Q_ZF * NT + t, zf)
     tl.store(qf + Q_S * NT + t, s_b)
     tl.store(qf + Q_X * NT + t, x_b)
     tl.store(qi + Q_ID * NT + t, (t * TILE + i_b).to(tl.int32))
@@ -331,6 +341,7 @@ def _gather_program(
     HAS_BIAS: tl.constexpr,
     TILE: tl.constexpr, E_BLOCK: tl.constexpr,
     LA_T: tl.constexpr, BETA_T: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr,
+    FUSE: tl.constexpr = True,
 ):
     """Blocks [t0, t1) of a handed-over row (its share, _row_share) in _gather_kernel; also run
     by kernels/band.py's gather when a launch has both hand-overs (one launch for both second
@@ -362,7 +373,7 @@ def _gather_program(
         for t in range(t0, t1):
             _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
                           HI, lminp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
-                          HAS_MASK, HAS_BIAS, CD, SCREEN)
+                          HAS_MASK, HAS_BIAS, CD, SCREEN, FUSE)
 
 
 @triton.jit(do_not_specialize=["stride_lb", "stride_ab", "seed_s", "off_s"])
