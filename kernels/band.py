@@ -57,8 +57,9 @@ score >= S only if E = -ln(1 - w) <= e^(x - M - S) (G = -ln E), and E >= w: the 
 w <= e ks (ks = e^(2^-7 - S), the slack covering the test's fp32 roundings) on every lane
 after the hash (on its bits: one multiply, one compare; common._screened) and scores
 exactly (two logs and the winner's reduction) only in a block where some kept lane passes:
-~e^3 / p = 21 tokens a row pass, so ~15% of a flat row's 1024-token blocks. The finish checks the row's winner against S and runs the
-row pass below it, so every answer is the unscreened one, bit for bit. No screen with min-p
+~e^3 / p = 21 tokens a row pass, so ~15% of a flat row's 1024-token blocks. The finish checks
+the row's winner against S and runs the row pass below it, so every answer is the unscreened
+one, bit for bit. No screen with min-p
 (its cut can keep less than p Z): S = -inf, ks = +inf. The finish's slices screen their draw
 over the band list's tokens above bucket b the same way (twentieth session; a tile scores only
 where a kept lane passes), at any batch: the band tokens sit at tau, far below the top, so
@@ -68,8 +69,9 @@ Passes over the logits for these rows: 1 (stage 1) + 1 (gather), both over (B, C
 pays the row pass on top (its gather is skipped when the plan already failed). Bytes besides:
 260 per block (stage 1's estimate, written once, read twice by the plan), 28 per block (gather
 partials), 8 per band token (written once, read once by the finish's slices; its x read back
-once by the gather's table pass, from L1 / L2) and an 8-byte atomic add each, the 8 KB table (reset by the plan, read by each finish program), 8 bytes per
-bucket-b token (copied twice, then read once a round and by the draw).
+once by the gather's table pass, from L1 / L2) and an 8-byte atomic add each, the 8 KB table
+(reset by the plan, read by each finish program), 8 bytes per bucket-b token (copied twice,
+then read once a round and by the draw).
 """
 import triton
 import triton.language as tl
