@@ -80,7 +80,7 @@ from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TI
                         NBUCK, Q_SLACK, QR)
 from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _edges_combine,
                      _edges_mass_combine, _gumbel, _gumbel_of, _hash32, _kept_slots,
-                     _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots,
+                     _mass_of, _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots,
                      _quotient, _row_key, _row_scale, _screen_scale, _screened)
 from .merge import _row_pass
 from .second import (BUSY_BAND, BUSY_HANDED, _finish_sampled, _gather_program,
@@ -131,7 +131,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, orow,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           lrow, 0.0, 0.0, 0.0, False, False)
     x = _quotient(xp, tdiv)
-    e = tl.exp(x - M)
+    e = _mass_of(x, M)
     fin = inb & (x > float("-inf")) & (x < float("inf"))
     J = _band_bin(xp, F, BAND_S / tdiv) + _band_shift(fmax, F)
     above = fin & (J < ja)

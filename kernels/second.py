@@ -53,8 +53,8 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW
-from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _param, _penalised_tile,
-                     _row_key, _row_scale, _screen_scale, _screened)
+from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _mass_of, _param,
+                     _penalised_tile, _row_key, _row_scale, _screen_scale, _screened)
 
 # row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, HI, and S, the
 # draw's screen bound, common.py; the hand-over itself is flagged in the merge's outputs: token
@@ -239,7 +239,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
-    e = tl.exp(x - M)
+    e = _mass_of(x, M)
     kept = inb & (x >= HI) & (x > float("-inf")) & (x - M >= lminp)
     a = _hash32(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)

@@ -108,3 +108,28 @@ def test_band_finish_redraws_a_second_read_row(monkeypatch):
     assert reads.bytes["_band_finish_kernel"] >= 2 * V * 4  # the two min-p rows re-drawn
     assert torch.equal(tok, tok0) and torch.equal(lp, lp0)
     _check(x, kw, tok, lp)
+
+
+def test_kept_tokens_whose_mass_flushes_to_zero(monkeypatch):
+    """min-p 1e-40 keeps tokens down to x - M = ln 1e-40 = -92.1; a third of each row lies at
+    x - M in [-92, -88], where e^(x - M) < 2^-126 is subnormal in the twin and 0 in the reads
+    (common._mass_of). A min-p row (the second read's gather) and a top-p 0.999 + min-p row (the
+    band gather), in one band launch, screened: the twin's tokens at every offset (the tail
+    never wins: its scores are below -65, the top token's above -4) and its logprobs (the
+    tail's mass is nothing next to Z)."""
+    g = torch.Generator().manual_seed(83)
+    V = 2053
+    x = torch.randn(2, V, generator=g)
+    tail = torch.rand(2, V, generator=g) < 1 / 3
+    deep = x.max(1, keepdim=True).values - 88.0 - 4.0 * torch.rand(2, V, generator=g)
+    x = torch.where(tail, deep, x)
+    _screen(monkeypatch, True)
+    for off in range(4):
+        kw = dict(temperature=1.0, min_p=1e-40, top_p=torch.tensor([1.0, 0.999]),
+                  seed=torch.tensor([3, 4]), offset=off)
+        reads = KernelReads(x, monkeypatch)
+        tok, lp = _run(x, **GEOM, **kw)
+        assert reads.bytes["_band_gather_kernel"] == x.numel() * 4  # both rows read again
+        assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no row re-drawn
+        assert not tail.gather(1, tok[:, None]).any()
+        _check(x, kw, tok, lp)
