@@ -573,14 +573,17 @@ def _row_scale(temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s, freq_ptr, fre
     return T, rep, pres, freq, tl.where((T == 0.0) | _bad_row(T, rep, pres, freq), 1.0, T)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
 def _mass_of(x, M):
     """e = e^(x - M), a token's mass, in the reads over a whole row (the band gather, the second
     read's gather): ex2 of the product with log2 e, which is how tl.exp computes it on the GPU,
-    without tl.exp's rescaling for a subnormal result (3 of its 7 instructions a lane), so a
+    without tl.exp's rescaling for a subnormal result (3 of its 6 instructions a lane), so a
     mass below 2^-126 (x - M < -87.3) is 0: the max token's own mass is 1, and every threshold,
     sum and screen of these reads has a slack far above it."""
-    return tl.math.exp2((x - M) * 1.4426950408889634)
+    return tl.math.exp2((x - M) * LOG2E)
 
 
 @triton.jit

@@ -28,12 +28,12 @@ import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
 from .second import HANDED, SHARE_BAND, SHARE_HANDED, _handed_list
-from .common import (EMPTY_SLOT, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _add_max,
-                     _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel, _head, _param,
-                     _penalised_tile, _pivot_init, _pivot_partials, _pivot_update, _pivots,
-                     _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
+from .common import (EMPTY_SLOT, LOG2E, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF,
+                     _add_max, _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel,
+                     _head, _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
+                     _pivots, _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
-                    I_NNAN, I_NPOS, LOG2E, _block_stats, _row_bases)
+                    I_NNAN, I_NPOS, _block_stats, _row_bases)
 
 
 @triton.jit

@@ -46,7 +46,7 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots_max,
+from .common import (BAND_S, LOG2E, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots_max,
                      _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
                      _row_scale)
 from .second import NSHARE, _ticket
@@ -66,7 +66,6 @@ DRAW_SLACK = tl.constexpr(2.0 ** -20)
 # below it x's own rounding moves a token's mass by <= ulp(x) / 2 <= 2^-18 (4096 left 2^-13,
 # logprobs off by up to 1e-4 at |x| ~ 4000: T 0.01 on logits ~ 40, the twenty-second session)
 X_EXACT = tl.constexpr(128.0)
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
