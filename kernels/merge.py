@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW, NBF, NBI, NBUCK, _plan_row
-from .second import HANDED, SHARE_BAND, SHARE_HANDED, _handed_list
+from .second import HANDED, NR, R_M, R_ME, R_S, R_Z, SHARE_BAND, SHARE_HANDED, _handed_list
 from .common import (EMPTY_SLOT, LOG2E, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF,
                      _add_max, _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel,
                      _head, _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
@@ -147,7 +147,7 @@ def _list_block(xs_ptr, base, n, b0, CB: tl.constexpr):
 
 
 @triton.jit
-def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1, z_f, best, bidx, bx,
+def _draw_list(xs_ptr, is_ptr, base, n_c, M, Z, tau, lminp, k0, k1, z_f, best, bidx, bx,
                WRITE_PROBS: tl.constexpr, LB: tl.constexpr):
     """The draw over the row's list (its kept set: x >= tau, x - M >= ln min_p): (Z_f, best
     score, its token (lowest id on a tie; the list is in id order except for re-read dirty
@@ -167,7 +167,9 @@ def _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1, z_f, best, bidx
             ids = tl.load(is_ptr + slot, mask=ok, other=0)
             score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
             sb, sid, sx = _better(score, ids, tl.where(keep, x, 0.0), sb, sid, sx)
-    z_f += tl.sum(zl, axis=0)
+    # the whole row kept (tau is -inf only without top-k and top-p): its mass is Z, as on
+    # every path of such a row (kernels/README.md, a pure row's normaliser)
+    z_f += tl.where((tau == float("-inf")) & (lminp == float("-inf")), Z, tl.sum(zl, axis=0))
     if not WRITE_PROBS:
         # the lanes' winners in one reduction by the draw's rule (the winner's lane carries
         # its x; _best's three reductions were a chain on this program's critical path)
@@ -372,7 +374,8 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
     row itself (one pass per round), then one draw pass: keep x >= tau with x - M >= ln min_p,
     Z_f, the Gumbel argmax (lowest id on ties). Overflowed rows (ovf) keep xp's argmax tie group
     with x = 0. Shared by the merge and kernels/band.py's finish (rows whose band failed), so
-    both give the same answer. Returns (M, tau, Z_f, best score, token, its x)."""
+    both give the same answer. Returns (M, tau, Z_f, best score, token, its x); where the whole
+    row is kept, the merge's _route takes Z instead of this Z_f."""
     M = tl.where(ovf, 0.0, M)
     tau = tl.where(ovf, 0.0, lmin)
     zk = Z
@@ -394,12 +397,11 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
         z_f += tl.sum(tl.where(keep, e, 0.0), axis=0)
         if not WRITE_PROBS:
             score = tl.where(keep, (x - M) + _gumbel(k0, k1, offs), float("-inf"))
-            tb = tl.max(score, axis=0)
-            ti = tl.argmax(score, 0, tie_break_left=True)
+            # the tile's winner by the draw's rule in one reduction (three before)
+            tb, ti, tx = tl.reduce((score, tl.arange(0, TILE), x), 0, _better)
             upd = tb > best
             bidx = tl.where(upd, tl.cast(t, tl.int64) * TILE + ti.to(tl.int64), bidx)
-            bx = tl.where(upd, tl.max(tl.where(tl.arange(0, TILE) == ti, x, float("-inf")),
-                                      axis=0), bx)
+            bx = tl.where(upd, tx, bx)
             best = tl.maximum(best, tb)
     return M, tau, z_f, best, bidx, bx
 
@@ -515,17 +517,20 @@ def _row_flags(wirow, NT, tt, tin, npos_t, CD: tl.constexpr):
 
 
 @triton.jit
-def _row_kind(lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row, NT, V, rep,
-              pres, freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad,
-              KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+def _row_kind(lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, tok_ptr, logp_ptr,
+              row, NT, V, rep, pres, freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy,
+              bad, KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
               NT_P2: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
-              STATE: tl.constexpr, KEEP_LIST: tl.constexpr):
+              WRITE_PROBS: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr):
     """(max xp, ovf, valid, sampling, the greedy token). Greedy rows have x = xp: max xp is M,
     or +inf. Rows with +inf x (not greedy) or no finite x (all -inf, or every xp overflowed to
     -inf) find max xp in one more pass; the token of a greedy row is found in one block. x
     overflowed (to +inf, or every finite xp to -inf): the limit T -> 0, uniform over the
-    tokens with xp == max xp (the numeric policy); such rows take the fallback draw."""
+    tokens with xp == max xp (the numeric policy); such rows take the fallback draw. A
+    sampling call's answer for a row that does not sample (greedy: its token, logprob 0;
+    invalid: -1, -inf) is final here and stored here (the greedy token, int64, held to the
+    end spilled 8-16 bytes in the merge variants at the 128 cap)."""
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
     xpmax = tl.where(npos > 0, float("inf"), M)
@@ -546,6 +551,10 @@ def _row_kind(lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row
         # the row state of processed top-N logprobs (kernels/topn.py) or of the residual draw:
         # what is final here is stored here rather than kept live through the searches
         _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
+    if not WRITE_PROBS:
+        if ~sampling:
+            tl.store(tok_ptr + row, tl.where(valid, gidx, -1))
+            tl.store(logp_ptr + row, tl.where(valid, 0.0, float("-inf")))
     return xpmax, ovf, valid, sampling, gidx
 
 
@@ -851,16 +860,16 @@ def _minp_alone(cand_ptr, row, NT, tdiv, ncand_t, M, G, Z, p, lminp, k_act, p_ac
 
 
 @triton.jit
-def _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, lmin, Z, lminp,
+def _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, Z, lminp,
                     NT_P2: tl.constexpr, HAS_MINP: tl.constexpr, SCREEN: tl.constexpr):
     """A row with no threshold to search (min-p alone, an unproven pure row), handed to the
-    second read (kernels/second.py), grid (B, C): every finite x >= lmin, min-p applied there.
-    Stores its plan: M, Me, lmin and the draw's screen bound (common.py) where the gather
-    screens (SCREEN: the launcher's choice), -inf where every kept token is scored; the kept
-    mass is all of Z without min-p."""
-    tl.store(rf_ptr + row * 4, M)
-    tl.store(rf_ptr + row * 4 + 1, Me)
-    tl.store(rf_ptr + row * 4 + 2, lmin)
+    second read (kernels/second.py), grid (B, C): every finite x, min-p applied there.
+    Stores its plan: M, Me, Z where the row keeps every finite x (no min-p: its normaliser on
+    every path) else -1, and the draw's screen bound (common.py) where the gather screens
+    (SCREEN: the launcher's choice), -inf where every kept token is scored."""
+    tl.store(rf_ptr + row * NR + R_M, M)
+    tl.store(rf_ptr + row * NR + R_ME, Me)
+    tl.store(rf_ptr + row * NR + R_Z, tl.where(lminp == float("-inf"), Z, -1.0))
     s_lb = tl.full([], float("-inf"), tl.float32)
     if SCREEN:
         wk = Z
@@ -869,7 +878,7 @@ def _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, lmin, Z, lminp,
             wk = tl.where(lminp > float("-inf"),
                           _kept_mass_bound(wfrow, NT, tt, tt < NT, m_t, ncand_t, M, lminp), Z)
         s_lb = _screen_bound(wk)
-    tl.store(rf_ptr + row * 4 + 3, s_lb)
+    tl.store(rf_ptr + row * NR + R_S, s_lb)
 
 
 @triton.jit
@@ -878,15 +887,15 @@ def _draw_row(xs_ptr, is_ptr, sf_ptr, si_ptr, seed_ptr, seed_s, off_ptr, off_s, 
               SEED_T: tl.constexpr, OFF_T: tl.constexpr, WRITE_PROBS: tl.constexpr,
               LB_BLOCK: tl.constexpr, STATE: tl.constexpr, KEEP_LIST: tl.constexpr):
     """The draw of a row the candidates decided (its list, or the pure row's proven winner):
-    (the row key k0, k1, Z_f, best score, token, its x); -1 / 0 where neither holds."""
-    # the row key here, not earlier: two fewer registers live through the searches
-    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+    (Z_f, token, its x); -1 / 0 where neither holds."""
     z_f = tl.zeros([], tl.float32)
     best = tl.full([], float("-inf"), tl.float32)
     bidx = row * 0 - 1
     bx = tl.zeros([], tl.float32)
     if exact:
-        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, tau, lminp, k0, k1,
+        # the row key here, where it is used: not held through the searches nor the routing
+        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+        z_f, best, bidx, bx = _draw_list(xs_ptr, is_ptr, base, n_c, M, Z, tau, lminp, k0, k1,
                                          z_f, best, bidx, bx, WRITE_PROBS, LB_BLOCK)
     if STATE:  # tau is final here unless the row pass redoes the row (it stores its own)
         tl.store(sf_ptr + row * NS + S_TAU, tau)
@@ -900,14 +909,15 @@ def _draw_row(xs_ptr, is_ptr, sf_ptr, si_ptr, seed_ptr, seed_s, off_ptr, off_s, 
         z_f = Z
         bidx = pbidx
         bx = pbx
-    return k0, k1, z_f, best, bidx, bx
+    return z_f, bidx, bx
 
 
 @triton.jit
-def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, boff_ptr, bf_ptr,
-           bi_ptr, tab_ptr, row, NT, V, rep, pres, freq, tdiv, la, beta, Me, m_t, ncand_t,
-           M, Z, lmin, k, p, lminp, k_act, p_act, ovf, xpmax, fallback, k0, k1, tau, z_f, best,
-           bidx, bx, KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
+def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, logp_ptr, hb_ptr, ft_ptr,
+           boff_ptr, bf_ptr, bi_ptr, tab_ptr, seed_ptr, seed_s, off_ptr, off_s, row, NT, V, rep,
+           pres, freq, tdiv, la, beta, Me, m_t, ncand_t, M, Z, lmin, k, p, lminp, k_act, p_act,
+           ovf, xpmax, fallback, tau, z_f, bidx, bx, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+           KT: tl.constexpr, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
            NPIV: tl.constexpr, MAX_ROUNDS: tl.constexpr, NT_P2: tl.constexpr, HAS_REP: tl.constexpr,
            HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
            HAS_MINP: tl.constexpr, CD: tl.constexpr, WRITE_PROBS: tl.constexpr,
@@ -916,12 +926,15 @@ def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, 
     """A row the candidates did not decide (fallback): handed to the second read (SECOND: no
     threshold to search; token -2, Z_f -1) or to the band read (BANDS: top-p without top-k,
     its plan made here where M and Z are, one launch fewer; token -3), else the exact row
-    pass in this program. Returns (M, tau, Z_f, token, its x)."""
+    pass in this program. Returns (M, tau, Z_f, token, its x). A row that keeps every finite x
+    (no top-k, top-p or min-p) takes Z for Z_f, its normaliser on every path: the second read
+    from its plan (_hand_to_second), the row pass from the row's logprob slot, which holds Z
+    (else -1) through the pass (held in a register, 4-16 bytes spilled at the 128 cap)."""
     if SECOND:
         # the hand-over is flagged in the outputs through values that are live anyway (16
         # bytes spilled otherwise)
         if fallback & (~ovf) & (~k_act) & (~p_act):
-            _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, lmin, Z, lminp, NT_P2,
+            _hand_to_second(rf_ptr, wfrow, row, NT, m_t, ncand_t, M, Me, Z, lminp, NT_P2,
                             HAS_MINP, SCREEN)
             fallback = fallback & (~fallback)
             bidx = bidx * 0 - 2
@@ -934,10 +947,22 @@ def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, 
                       bf_ptr + row * NBF, bi_ptr + row * NBI, tab_ptr + row * NBUCK, NT,
                       NT * KT, M, Z, p, lminp, NT_P2)
     if fallback:
+        if not WRITE_PROBS:  # (a row that keeps every finite x is pure and proven there)
+            tl.store(logp_ptr + row, tl.where(
+                (~k_act) & (~p_act) & (lminp == float("-inf")) & (~ovf), Z, -1.0))
+        # the pass starts from a draw of nothing (the values _draw_row leaves such a row, as
+        # constants) and its row key made here: none of the six is held through the hand-overs
+        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
         M, tau, z_f, best, bidx, bx = _row_pass(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
-            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx, TILE, E_BLOCK,
+            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, tl.zeros([], tl.float32),
+            tl.full([], float("-inf"), tl.float32), tl.full([], -1, tl.int64),
+            tl.zeros([], tl.float32), TILE, E_BLOCK,
             NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
+        if not WRITE_PROBS:
+            tl.debug_barrier()  # the slot was stored by another thread of this program
+            z_kept = tl.load(logp_ptr + row)
+            z_f = tl.where(z_kept > 0.0, z_kept, z_f)
         if STATE:
             tl.store(sf_ptr + row * NS + S_TAU, tau)
     return M, tau, z_f, bidx, bx
@@ -960,17 +985,14 @@ def _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f,
             _store_flags(sf_ptr, si_ptr, row, xpmax, valid, sampling, ovf, gidx)
         if SECOND:
             _list_handed(cnt_ptr, row, z_f < 0.0)
-    else:
-        tok = tl.where(greedy, gidx, bidx)
-        tok = tl.where(valid, tok, -1)
-        lp = tl.where(greedy, 0.0, (bx - M) - tl.log(z_f))
-        lp = tl.where(valid, lp, float("-inf"))
-        tl.store(tok_ptr + row, tok)
-        tl.store(logp_ptr + row, lp)
+    elif sampling:  # (the other rows' answers are stored by _row_kind)
+        tl.store(tok_ptr + row, bidx)
+        # (a handed-over row's logprob is the second read's to write)
+        tl.store(logp_ptr + row, (bx - M) - tl.log(z_f), mask=bidx != HANDED)
         if SECOND:
-            _list_handed(cnt_ptr, row, tok == HANDED)
+            _list_handed(cnt_ptr, row, bidx == HANDED)
         if BANDS:
-            _count_row(cnt_ptr + SHARE_BAND, tok == BAND_ROW)
+            _count_row(cnt_ptr + SHARE_BAND, bidx == BAND_ROW)
 
 
 @triton.jit(do_not_specialize=["topk_s", "seed_s", "off_s"])
@@ -1022,9 +1044,9 @@ def _merge_kernel(
     m_t, M, G, lmin, Z, nfin, npos_t, npos, nnan, ncand_t = _row_partials(wfrow, wirow, NT,
                                                                           NT_P2, CD)
     xpmax, ovf, valid, sampling, gidx = _row_kind(
-        lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, row, NT, V, rep, pres,
-        freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad, KT, TILE, E_BLOCK,
-        NT_P2, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, STATE, KEEP_LIST)
+        lrow, erow, brow, xrow, arow, cand_ptr, wirow, sf_ptr, si_ptr, tok_ptr, logp_ptr, row, NT,
+        V, rep, pres, freq, la, beta, Me, m_t, M, npos_t, npos, nfin, nnan, greedy, bad, KT, TILE,
+        E_BLOCK, NT_P2, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS, STATE, KEEP_LIST)
     k_act, p_act, lminp = _active(sampling, k, p, lminp, nfin, HAS_TOPK, HAS_TOPP, HAS_MINP)
     exact, pure, proven, pbidx, pbx = _pure_proof(
         wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s, row, NT, V, T, k, p, lminp, tdiv, m_t, M,
@@ -1042,16 +1064,17 @@ def _merge_kernel(
             pres, freq, la, beta, Me, tdiv, m_t, ncand_t, M, G, Z, k, p, lminp, k_act, p_act,
             exact, KT, CB, NT_P2, NB, INV_W, DIRTY_MAX, LB_BLOCK, NPIV, MAX_ROUNDS, TILE,
             E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, HAS_MINP, CD, BANDS)
-    k0, k1, z_f, best, bidx, bx = _draw_row(
+    z_f, bidx, bx = _draw_row(
         xs_ptr, is_ptr, sf_ptr, si_ptr, seed_ptr, seed_s, off_ptr, off_s, base, row, n_c, M, Z,
         tau, lminp, exact, sampling, pure, proven, pbidx, pbx, SEED_T, OFF_T, WRITE_PROBS,
         LB_BLOCK, STATE, KEEP_LIST)
     M, tau, z_f, bidx, bx = _route(
-        lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, hb_ptr, ft_ptr, boff_ptr, bf_ptr,
-        bi_ptr, tab_ptr, row, NT, V, rep, pres, freq, tdiv, la, beta, Me, m_t, ncand_t, M, Z,
-        lmin, k, p, lminp, k_act, p_act, ovf, xpmax, sampling & (~exact) & (~(pure & proven)),
-        k0, k1, tau, z_f, best, bidx, bx, KT, TILE, E_BLOCK, NPIV, MAX_ROUNDS, NT_P2, HAS_REP,
-        HAS_PF, HAS_MASK, HAS_BIAS, HAS_MINP, CD, WRITE_PROBS, STATE, SECOND, BANDS, SCREEN)
+        lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, logp_ptr, hb_ptr, ft_ptr, boff_ptr,
+        bf_ptr, bi_ptr, tab_ptr, seed_ptr, seed_s, off_ptr, off_s, row, NT, V, rep, pres, freq,
+        tdiv, la, beta, Me, m_t, ncand_t, M, Z, lmin, k, p, lminp, k_act, p_act, ovf, xpmax,
+        sampling & (~exact) & (~(pure & proven)), tau, z_f, bidx, bx, SEED_T, OFF_T, KT, TILE,
+        E_BLOCK, NPIV, MAX_ROUNDS, NT_P2, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, HAS_MINP, CD,
+        WRITE_PROBS, STATE, SECOND, BANDS, SCREEN)
     _write_row(tok_ptr, logp_ptr, sf_ptr, si_ptr, cnt_ptr, row, M, Me, tau, z_f, bidx, bx, gidx,
                xpmax, valid, sampling, ovf, greedy, WRITE_PROBS, STATE, KEEP_LIST, SECOND, BANDS)
 

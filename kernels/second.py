@@ -13,16 +13,18 @@ partials did not prove) is finished by one launch after the merge:
                                    copy would spill (presence / frequency penalties) or a
                                    row state is kept beside the band read's finish
 
-Math per block t (x = fl(xp / T), M the row's max, kept = finite x >= HI with x - M >= ln min_p;
-HI = the row's min finite x here, i.e. every finite x):
+Math per block t (x = fl(xp / T), M the row's max, kept = finite x with x - M >= ln min_p):
     zf_t = sum_{kept} e^(x - M)       best_t = max_{kept} fl(fl(x - M) + G_i), lowest id on ties
 Then Z_f = sum_t zf_t (a fixed tree over block indices), token = the best_t's token with the
 lowest id among equal scores, logprob = x_tok - M - log Z_f: the row pass of the fallback, in
 the same arithmetic per token, so the same token; Z_f is summed per block, so it is the same for
-any chunk count and batch. Rows the merge finished read only their token (or Z_f) here.
-The merge marks a handed-over row in its own outputs (token -2, or Z_f -1 with WRITE_PROBS) and
-writes its plan (M, Me, lmin) to rf; the launcher runs both launches only when a row of the call
-can have min-p without top-k / top-p.
+any chunk count and batch. A row without min-p keeps every finite x: it takes the merge's Z
+(stage 1's partials) for Z_f, the normaliser such a row has on every path (the merge's proof,
+list and row pass), so its logprob is one value whichever path its noise sends it down. Rows
+the merge finished read only their token (or Z_f) here. The merge marks a handed-over row in
+its own outputs (token -2, or Z_f -1 with WRITE_PROBS) and writes its plan (M, Me, Z or -1, S)
+to rf; the launcher runs both launches only when a row of the call can have min-p without
+top-k / top-p.
 
 The screened draw (twentieth session; common.py, "the draw's screen"). The winner's score is
 Gumbel with location ln W_kept, and the merge knows a W <= W_kept: Z for a pure row (all of it
@@ -56,11 +58,12 @@ from .band_plan import BAND_ROW
 from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _mass_of, _param,
                      _penalised_tile, _row_key, _row_scale, _screen_scale, _screened)
 
-# row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, HI, and S, the
-# draw's screen bound, common.py; the hand-over itself is flagged in the merge's outputs: token
+# row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, Z where the row
+# keeps every finite x (no min-p) else -1, and S, the draw's screen bound, common.py; the
+# hand-over itself is flagged in the merge's outputs: token
 # -2, or Z_f -1 for the distribution); block partials the gather
 # writes (float32 [B, 3, NT], int32 [B, 1, NT])
-R_M, R_ME, R_HI, R_S = (tl.constexpr(i) for i in range(4))
+R_M, R_ME, R_Z, R_S = (tl.constexpr(i) for i in range(4))
 NR = tl.constexpr(4)
 HANDED = tl.constexpr(-2)
 Q_ZF, Q_S, Q_X = (tl.constexpr(i) for i in range(3))
@@ -227,7 +230,7 @@ def _handed(tok_ptr, sf_ptr, row, S_ZF: tl.constexpr, NS: tl.constexpr,
 
 
 @triton.jit
-def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M, HI,
+def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
                   lminp, la, beta, me, k0, k1, ks, TILE: tl.constexpr, E_BLOCK: tl.constexpr,
                   HAS_REP: tl.constexpr, HAS_PF: tl.constexpr, HAS_MASK: tl.constexpr,
                   HAS_BIAS: tl.constexpr, CD: tl.constexpr, SCREEN: tl.constexpr,
@@ -240,7 +243,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
                                           arow, la, beta, me, CD, False)
     x = xp / tdiv
     e = _mass_of(x, M)
-    kept = inb & (x >= HI) & (x > float("-inf")) & (x - M >= lminp)
+    kept = inb & (x > float("-inf")) & (x - M >= lminp)
     a = _hash32(k0, k1, offs)
     cand = _screened(kept, a, e, ks, SCREEN)
     s_b = tl.full([], float("-inf"), tl.float32)
@@ -358,7 +361,6 @@ def _gather_program(
         beta = _param(beta_ptr, beta_s, row, BETA_T)
         M = tl.load(rf_ptr + row * NR + R_M)
         me = tl.load(rf_ptr + row * NR + R_ME)
-        HI = tl.load(rf_ptr + row * NR + R_HI)
         ks = float("inf")
         if SCREEN:
             ks = _screen_scale(tl.load(rf_ptr + row * NR + R_S))
@@ -372,7 +374,7 @@ def _gather_program(
         qi = qi_ptr + row * NQI * NT
         for t in range(t0, t1):
             _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, freq, tdiv, M,
-                          HI, lminp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
+                          lminp, la, beta, me, k0, k1, ks, TILE, E_BLOCK, HAS_REP, HAS_PF,
                           HAS_MASK, HAS_BIAS, CD, SCREEN, FUSE)
 
 
@@ -428,10 +430,10 @@ def _finish_handed(
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
     qf = qf_ptr + row * NQ * NT
-    z_f = tl.sum(tl.load(qf + Q_ZF * NT + tt, mask=tin, other=0.0), axis=0)
+    z_f = _kept_mass(qf_ptr, rf_ptr, row, NT, NT_P2)
     if WRITE_PROBS or STATE:
         tl.store(sf_ptr + row * NS + S_ZF, z_f)
-        tl.store(sf_ptr + row * NS + S_TAU, tl.load(rf_ptr + row * NR + R_HI))
+        tl.store(sf_ptr + row * NS + S_TAU, float("-inf"))  # every finite x, as a list row
     if not WRITE_PROBS:
         _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
                     x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
@@ -440,6 +442,17 @@ def _finish_handed(
                     la_s, beta_ptr, beta_s, TEMP_T, REP_T, PRES_T, FREQ_T, MINP_T, SEED_T,
                     OFF_T, HAS_MINP, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, TILE, E_BLOCK,
                     LA_T, BETA_T, CD, NT_P2)
+
+
+@triton.jit
+def _kept_mass(qf_ptr, rf_ptr, row, NT, NT_P2: tl.constexpr):
+    """A handed-over row's kept mass: the merge's Z where the row keeps every finite x
+    (R_Z > 0), else Z_f, its blocks' masses summed in block order."""
+    tt = tl.arange(0, NT_P2)
+    z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT, other=0.0),
+                 axis=0)
+    z = tl.load(rf_ptr + row * NR + R_Z)
+    return tl.where(z > 0.0, z, z_f)
 
 
 @triton.jit
@@ -505,9 +518,7 @@ def _finish_sampled(
     row = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
         if tl.load(tok_ptr + row) == HANDED:
-            tt = tl.arange(0, NT_P2)
-            z_f = tl.sum(tl.load(qf_ptr + row * NQ * NT + Q_ZF * NT + tt, mask=tt < NT,
-                                 other=0.0), axis=0)
+            z_f = _kept_mass(qf_ptr, rf_ptr, row, NT, NT_P2)
             _finish_row(row, z_f, logits_ptr, stride_lb, V, NT, edits_ptr, stride_eb, bnd_ptr,
                         x_ptr, stride_xb, temp_ptr, temp_s, rep_ptr, rep_s, pres_ptr, pres_s,
                         freq_ptr, freq_s, minp_ptr, minp_s, seed_ptr, seed_s, off_ptr, off_s,

@@ -100,6 +100,31 @@ def test_pure_temperature_unproven_row_falls_back(monkeypatch):
     torch.testing.assert_close(lp, tw_lp, atol=1e-5, rtol=1e-5)
 
 
+def test_pure_row_logprob_is_one_value_on_every_path():
+    """A pure-temperature row's logprob is x - M - log Z with stage 1's Z, whichever path draws
+    it: the proof from the blocks' partials, the candidate list or the merge's row pass (the
+    fused contrastive path with alpha = beta = 0, whose scores are the logits), the second read
+    (a min-p tensor of zeros). Rows 0-2 (logits ~1e6) are unproven, so they take the row pass
+    or the second read; row 3 is flat with ties. Before the thirty-second session the list, the
+    row pass and the second read summed the mass themselves: at this seed both the contrastive
+    and the min-p call moved a logprob by an ulp."""
+    g = torch.Generator().manual_seed(23)
+    V, B = 640, 6
+    x = torch.randn(B, V, generator=g) * 3
+    for r in range(3):
+        x[r] = 1.0e6 + torch.randn(V, generator=g) * (2 + 3 * r)
+    x[3] = torch.randint(0, 4, (V,), generator=g).float()
+    kw = dict(temperature=1.1, seed=torch.arange(B) + 11, offset=3, tile=64)
+    want = _run(x, **kw)
+    paths = {"contrastive": dict(amateur_logits=torch.randn(B, V, generator=g), cd_alpha=0.0,
+                                 cd_beta=0.0),
+             "second read": dict(min_p=torch.zeros(B)),
+             "chunks": dict(chunks=3)}
+    for name, extra in paths.items():
+        got = _run(x, **kw, **extra)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+
+
 def test_pure_temperature_near_float_max():
     """x = fl(xp / T) finite but xp * fl(1 / T) = -inf (T = 0.058078576, xp = -1.9763114e37):
     stage 1's approximate score is clamped at -FLT_MAX, so such tokens still score. Every token
