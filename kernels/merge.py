@@ -168,7 +168,7 @@ def _draw_list(xs_ptr, is_ptr, base, n_c, M, Z, tau, lminp, k0, k1, z_f, best, b
             score = tl.where(keep, (x - M) + _gumbel(k0, k1, ids), float("-inf"))
             sb, sid, sx = _better(score, ids, tl.where(keep, x, 0.0), sb, sid, sx)
     # the whole row kept (tau is -inf only without top-k and top-p): its mass is Z, as on
-    # every path of such a row (kernels/README.md, a pure row's normaliser)
+    # every path of such a row (kernels/README.md, "One normaliser for a row ...")
     z_f += tl.where((tau == float("-inf")) & (lminp == float("-inf")), Z, tl.sum(zl, axis=0))
     if not WRITE_PROBS:
         # the lanes' winners in one reduction by the draw's rule (the winner's lane carries
