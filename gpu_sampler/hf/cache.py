@@ -430,7 +430,8 @@ class StaticKVCache(Cache):
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from gpu_sampler.hf.cache import StaticKVCache
     >>> cfg = LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-    ...                   num_attention_heads=4, intermediate_size=64)
+    ...                   num_attention_heads=4, intermediate_size=64,
+    ...                   eos_token_id=None)  # random weights: no early stop, a fixed shape
     >>> model = LlamaForCausalLM(cfg).eval()
     >>> cache = StaticKVCache(cfg, max_batch_size=2, max_cache_len=16)
     >>> from gpu_sampler.hf.compat import cache_arg  # "cache" from transformers 5.24 on

@@ -114,7 +114,8 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None,
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> from gpu_sampler import generate
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-    ...                          num_attention_heads=4, intermediate_size=64)).eval()
+    ...                          num_attention_heads=4, intermediate_size=64,
+    ...                          eos_token_id=None)).eval()  # no early stop: a fixed shape
     >>> ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
     >>> out = generate(model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
     ...                do_sample=True, temperature=0.7, seed=0)

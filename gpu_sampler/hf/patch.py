@@ -186,7 +186,8 @@ def patch(model, fallback=True):
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> from gpu_sampler import patch, unpatch
         >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32,
-        ...     num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)).eval()
+        ...     num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        ...     eos_token_id=None)).eval()  # random weights: no early stop, a fixed shape
         >>> patch(model) is model   # model.generate(...) now uses gpu_sampler
         True
         >>> ids = torch.tensor([[5, 6, 7]])
