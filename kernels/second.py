@@ -427,9 +427,6 @@ def _finish_handed(
     """A handed-over row's finish from its 4 words per block: Z_f, then the token and logprob
     (_finish_row), or, with WRITE_PROBS, Z_f and tau for _write_probs_kernel (with STATE both:
     the merge's row state made whole for kernels/topn.py)."""
-    tt = tl.arange(0, NT_P2)
-    tin = tt < NT
-    qf = qf_ptr + row * NQ * NT
     z_f = _kept_mass(qf_ptr, rf_ptr, row, NT, NT_P2)
     if WRITE_PROBS or STATE:
         tl.store(sf_ptr + row * NS + S_ZF, z_f)
