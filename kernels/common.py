@@ -54,11 +54,14 @@ def _splitmix64(z):
 
 
 @triton.jit
-def _fmix32(h):
+def _mix32(h):
+    """A bijective 32-bit mixer (two multiply-xorshift rounds, the "lowbias32" constants of
+    Wellons' hash prospector: avalanche bias 0.17 against murmur3's finalizer's 0.26 at the
+    same cost). gpu_sampler/rng.py writes the same function for the twin."""
     h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
+    h = h * 0x7FEB352D
+    h = h ^ (h >> 15)
+    h = h * 0x846CA68B
     return h ^ (h >> 16)
 
 
@@ -76,11 +79,13 @@ def _hash32(k0, k1, offs):
     """A token's 32 random bits h from a counter-based hash of (row key, token id), as the fp32
     number fl(h) (exact below 2^24, where the noise's upper tail lives). The same function is
     written in torch in gpu_sampler/rng.py, so the kernel and the twin draw the same token for
-    the same (seed, offset). The screen (_screened) tests these bits themselves."""
-    h = offs.to(tl.uint32) * 0x9E3779B1
-    h = _fmix32(h ^ k0)
-    h = _fmix32(h ^ k1)
-    return h.to(tl.float32)
+    the same (seed, offset). The screen (_screened) tests these bits themselves.
+    Both key halves enter before one mix, h = mix32((id phi ^ k0) + k1) (two mixes, one per
+    half, were 7 more instructions a lane in every read that draws: the gathers and the pure
+    rows' stage 1; rng.py's docstring). (id phi + k1) ^ k0, the same cost, spilled 8-16 bytes
+    in `gather:min-p screened` at its 64-register cap."""
+    h = ((offs.to(tl.uint32) * 0x9E3779B1) ^ k0) + k1
+    return _mix32(h).to(tl.float32)
 
 
 @triton.jit

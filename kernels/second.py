@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .band_plan import BAND_ROW
-from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _mass_of, _param,
+from .common import (_add, _add_max, _better, _gumbel_of, _hash32, _mass_of, _param, _quotient,
                      _penalised_tile, _row_key, _row_scale, _screen_scale, _screened)
 
 # row plan the merge writes for every row handed over (float32 [B, 4]: M, Me, Z where the row
@@ -241,7 +241,7 @@ def _gather_block(lrow, erow, brow, xrow, arow, qf, qi, NT, t, V, rep, pres, fre
     offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                           TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS,
                                           arow, la, beta, me, CD, False)
-    x = xp / tdiv
+    x = _quotient(xp, tdiv)
     e = _mass_of(x, M)
     kept = inb & (x > float("-inf")) & (x - M >= lminp)
     a = _hash32(k0, k1, offs)

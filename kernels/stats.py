@@ -245,13 +245,18 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
     xq = tl.maximum(v * rinv, -3.4028234663852886e38)
     s = tl.where(v > float("-inf"), xq + _gumbel_fast(k0, k1, offs), float("-inf"))
     lane = tl.arange(0, TILE)
-    ib = tl.argmax(s, 0, tie_break_left=True)
-    hit = lane == ib
-    s2 = tl.max(tl.where(hit, float("-inf"), s), axis=0)
-    bxp = tl.max(tl.where(hit, v, float("-inf")), axis=0)
+    _, ib, s2 = tl.reduce((s, lane, tl.full([TILE], float("-inf"), tl.float32)), 0, _top2)
+    bxp = tl.max(tl.where(lane == ib, v, float("-inf")), axis=0)
     tl.store(wfrow + F_BX * NT + t, bxp)
     tl.store(wfrow + F_S2 * NT + t, s2)
     tl.store(wirow + I_BID * NT + t, (t * TILE + ib).to(tl.int32))
+
+
+@triton.jit
+def _top2(b, i, t, cb, ci, ct):
+    upd = (b > cb) | ((b == cb) & (i < ci))
+    return (tl.where(upd, b, cb), tl.where(upd, i, ci),
+            tl.maximum(tl.maximum(t, ct), tl.minimum(b, cb)))
 
 
 @triton.jit

@@ -17,10 +17,7 @@ from gpu_sampler import rng
 
 def _hashes(seed, V):
     lo, hi = rng.row_keys(torch.tensor([seed]), torch.tensor([0]))
-    ids = np.arange(V, dtype=np.uint32)
-    with np.errstate(over="ignore"):
-        return rng._np_fmix32(rng._np_fmix32((ids * np.uint32(0x9E3779B1)) ^ np.uint32(lo.item()))
-                              ^ np.uint32(hi.item()))
+    return rng.hash_np(lo.item(), hi.item(), np.arange(V, dtype=np.uint32))
 
 
 def test_upper_tail_counts_are_exact():
@@ -49,6 +46,36 @@ def test_every_path_gives_the_same_finite_noise():
     many = rng.gumbel_rows(seed, 0, ids.expand(17, -1).contiguous())
     assert torch.isfinite(torch_path).all() and float(torch_path[0, 0]) > -2.9
     assert torch.equal(torch_path, few) and torch.equal(many, few.expand(17, -1))
+
+
+def _pair_chi2_p(a, b):
+    """p-value of a chi-square test of independence on 4-bit values a, b (16 x 16 cells, uniform
+    margins: every hash value is equally likely)."""
+    from scipy.stats import chi2
+    c = np.bincount((a.astype(np.int64) * 16 + b).ravel(), minlength=256).astype(np.float64)
+    e = c.sum() / 256
+    return chi2.sf(((c - e) ** 2 / e).sum(), 255)
+
+
+def test_hash_pairs_look_independent():
+    """A row's hashes are a bijection of the id, and a token's hash tells nothing about another
+    token's or another key's (the draw's noise must be iid): 512 keys x 2^13 ids a test, the top
+    and the low 4 bits of h_i against h_(i+d) (d 1, 2, 3, 16, 256), and the same id under keys
+    one bit apart (either half). A mixer that skipped a round fails these (p < 1e-30)."""
+    g = np.random.default_rng(33)
+    k = g.integers(0, 2 ** 32, (2, 512, 1), dtype=np.uint64).astype(np.uint32)
+    ids = g.integers(0, 2 ** 17, (512, 1), dtype=np.uint64).astype(np.uint32) + np.arange(
+        1 << 13, dtype=np.uint32)
+    h = rng.hash_np(k[0], k[1], ids)
+    assert np.unique(rng.hash_np(k[0, 0], k[1, 0], np.arange(1 << 18))).size == 1 << 18
+    ps = {}
+    for d in (1, 2, 3, 16, 256):
+        ps[f"top{d}"] = _pair_chi2_p(h[:, :-d] >> 28, h[:, d:] >> 28)
+        ps[f"low{d}"] = _pair_chi2_p(h[:, :-d] & 15, h[:, d:] & 15)
+    bit = (np.uint32(1) << g.integers(0, 32, (512, 1)).astype(np.uint32))
+    ps["key_lo"] = _pair_chi2_p(h >> 28, rng.hash_np(k[0] ^ bit, k[1], ids) >> 28)
+    ps["key_hi"] = _pair_chi2_p(h >> 28, rng.hash_np(k[0], k[1] ^ bit, ids) >> 28)
+    assert min(ps.values()) > 1e-4, ps
 
 
 def test_acceptance_uniform_holds_its_rate_near_zero():

@@ -148,9 +148,7 @@ def _seed_with_top_hash(V):
     ids = np.arange(V, dtype=np.uint32)
     for s in range(200000):
         lo, hi = rng.row_keys(torch.tensor([s]), torch.tensor([0]))
-        with np.errstate(over="ignore"):
-            h = rng._np_fmix32(rng._np_fmix32((ids * np.uint32(0x9E3779B1)) ^ np.uint32(lo.item()))
-                               ^ np.uint32(hi.item()))
+        h = rng.hash_np(lo.item(), hi.item(), ids)
         hit = (h >> np.uint32(8)) == 2 ** 24 - 1
         if hit.any():
             return s, torch.from_numpy(np.flatnonzero(hit))
