@@ -8,6 +8,11 @@ A p-value is uniform on [0, 1] under independence: look for a test that is small
 seed, not for one small value among the ~56 a run prints.
 
     python bench/hash_pairs.py --seeds 11:15            # ~3 min on the 2-core machine
+    python bench/hash_pairs.py --draws                  # the draws themselves, ~1 min
+
+--draws: 2^20 Gumbel-max draws of a 5-token distribution (0.5, 0.25, 0.15, 0.07, 0.03) through
+rng.gumbel_rows, one offset a draw (a decode loop), at ids from 0, 100000 and 131066, seeds 0
+and 7: the frequencies' chi-square and that of consecutive draws' pairs against p x p.
 """
 import argparse
 
@@ -58,10 +63,31 @@ def tests(f, g, R=1 << 16, N=1024):
     return out
 
 
+def draws(N=1 << 20):
+    import torch
+    p = np.array([0.5, 0.25, 0.15, 0.07, 0.03])
+    lp = torch.tensor(np.log(p), dtype=torch.float32)
+    for base in (0, 100000, 131066):
+        for seed in (0, 7):
+            ids = (torch.arange(5) + base)[None].expand(N, 5).contiguous()
+            g = rng.gumbel_rows(torch.full((N,), seed), torch.arange(N), ids)
+            w = (lp[None] + g).argmax(1).numpy()
+            c, e = np.bincount(w, minlength=5), N * p
+            pair = np.bincount(w[:-1] * 5 + w[1:], minlength=25)
+            ep = (N - 1) * np.outer(p, p).ravel()
+            print(f"ids {base}.. seed {seed}: draws p={chi2.sf(((c - e) ** 2 / e).sum(), 4):.3f}"
+                  f"  consecutive offsets p={chi2.sf(((pair - ep) ** 2 / ep).sum(), 24):.3f}",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="11:15", help="first:last (exclusive)")
-    a, b = map(int, ap.parse_args().seeds.split(":"))
+    ap.add_argument("--draws", action="store_true", help="the draws' frequencies instead")
+    args = ap.parse_args()
+    if args.draws:
+        return draws()
+    a, b = map(int, args.seeds.split(":"))
     for s in range(a, b):
         for name, f in (("old", old_hash), ("current", rng.hash_np)):
             out = tests(f, np.random.default_rng(s))
