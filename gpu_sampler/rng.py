@@ -14,11 +14,12 @@ _gumbel_of), the same float32 operations in the same order.
 mix32 is a bijective multiply-xorshift mixer (the "lowbias32" constants of Wellons' hash
 prospector). Until the thirty-third session h was fmix32(fmix32(id phi ^ key_lo) ^ key_hi),
 murmur3's finalizer once per key half; one mix of both halves is 7 instructions a token fewer
-in every GPU read that draws (modelled H200, (64, 128256): T 1.0 alone 44.3 -> 41.7 us, min-p
-51.7 -> 50.1) and draws other tokens for the same seed than earlier versions. Checked with
-pairwise chi-squares on 2^26 hashes (id distances 1 to 256, low and high bits, keys one bit
-apart, the winner of equal logits): no deviation from independence that the old hash did not
-also show at the same seeds (docs/notes.md, thirty-third session; tests/test_gumbel_noise.py).
+in every GPU read that draws (kernels/README.md, "Fewer instructions a token in the reads that
+draw") and draws other tokens for the same seed than earlier versions. Checked with pairwise
+chi-squares on 2^26 hashes (id distances 1 to 256, low and high bits, keys one bit apart, the
+winner of equal logits) and on 2^20 draws (bench/hash_pairs.py): no deviation from
+independence that the old hash did not also show at the same seeds (docs/notes.md,
+thirty-third session; tests/test_gumbel_noise.py).
 key_lo ^ 2^31 and key_hi + 2^31 give the same hashes (xor and add agree on the top bit): 63
 effective key bits, which no two rows of a run share but with probability ~2^-63 a pair.
 
