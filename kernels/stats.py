@@ -255,13 +255,13 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
 @triton.jit
 def _top2(b, i, t, cb, ci, ct):
     """(best score, its lane, the largest score of every other lane) as a reduction: the draw's
-    rule for the best (the lower lane on a tie) and the runner-up as the max of both sides'
-    runners-up and the loser's best (a tie's loser carries the same score). One reduction for
-    what tl.argmax and a masked max did (a pure row's stage 1 at (64, 128256), modelled: 6538 ->
-    5947 instructions a warp; the best's xp in the tuple too spilled 4 bytes at the 72 cap)."""
-    upd = (b > cb) | ((b == cb) & (i < ci))
-    return (tl.where(upd, b, cb), tl.where(upd, i, ci),
-            tl.maximum(tl.maximum(t, ct), tl.minimum(b, cb)))
+    rule for the best (common._better: the lower lane on a tie) and the runner-up as the max of
+    both sides' runners-up and the loser's best (a tie's loser carries the same score). One
+    reduction for what tl.argmax and a masked max did (a pure row's stage 1 at (64, 128256),
+    modelled: 6538 -> 5947 instructions a warp; the best's xp in the tuple too spilled 4 bytes
+    at the 72 cap)."""
+    best, lane, _ = _better(b, i, t, cb, ci, ct)
+    return best, lane, tl.maximum(tl.maximum(t, ct), tl.minimum(b, cb))
 
 
 @triton.jit
