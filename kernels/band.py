@@ -368,11 +368,11 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, l
     hi = tl.full([CB], float("-inf"), tl.float32)
     zq = tl.zeros([CB], tl.int64)
     _, sl, il, xl = _draw_init(CB)
+    ok, x, ids = _list_tile(xs_ptr, is_ptr, base, i0, i1, CB)
     for b0 in range(i0, i1, CB):
-        idx = b0 + tl.arange(0, CB)
-        ok = idx < i1
-        x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
-        ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
+        # the next tile's loads in flight while this one is filtered (the row's one program
+        # waits on each at B >= 2 SMs' worth of rows)
+        ok_n, x_n, ids_n = _list_tile(xs_ptr, is_ptr, base, b0 + CB, i1, CB)
         q = _bucket(x, fmax, jc)
         sel = ok & (q == b)
         pos = i0 + m + tl.cumsum(sel.to(tl.int32), 0) - 1
@@ -392,9 +392,19 @@ def _band_filter(xs_ptr, is_ptr, base, i0, i1, sx_ptr, si_ptr, fmax, jc, b, M, l
             score = (x - M) + _gumbel_of(a)
             upd = cand & ((score > sl) | ((score == sl) & (ids < il)))
             sl, il, xl = tl.where(upd, score, sl), tl.where(upd, ids, il), tl.where(upd, x, xl)
+        ok, x, ids = ok_n, x_n, ids_n
     best, bidx, bx = _best_lane(sl, il, xl, float("-inf"), NO_ID, tl.zeros([], tl.float32))
     hi, lo = tl.reduce((hi, lo), 0, _maxmin_combine)
     return m, lo, hi, tl.sum(zq, axis=0), best, bidx, bx
+
+
+@triton.jit
+def _list_tile(xs_ptr, is_ptr, base, b0, i1, CB: tl.constexpr):
+    """List entries [b0, b0 + CB) below i1: (mask, x, id)."""
+    idx = b0 + tl.arange(0, CB)
+    ok = idx < i1
+    return (ok, tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf")),
+            tl.load(is_ptr + base + idx, mask=ok, other=0))
 
 
 @triton.jit
