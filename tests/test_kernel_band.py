@@ -83,6 +83,32 @@ def test_band_finish_programs_do_not_change_the_answer(monkeypatch):
         assert torch.equal(out[fp][0], out[16][0]) and torch.equal(out[fp][1], out[16][1])
 
 
+def test_band_finish_filters_a_slice_of_several_tiles(monkeypatch):
+    """One finish program filters a band slice longer than two of its 512-entry tiles (each
+    tile's loads issued while the one before is filtered, kernels/band.py _band_filter): the
+    same bits as four slices of one tile each, and the twin's token. V = 12289 at the small
+    geometry: a flat row's band holds 1420 tokens."""
+    from gpu_sampler.kernels.band_plan import I_N, NBI
+    from test_kernel_v2 import _ks
+    g = torch.Generator().manual_seed(67)
+    x = torch.randn(1, 12289, generator=g)
+    kw = dict(temperature=1.0, top_p=0.95, seed=3, offset=5)
+    made = []
+    alloc = _ks()._workspace
+    monkeypatch.setattr(_ks(), "_workspace", lambda *a: made.append(alloc(*a)) or made[-1])
+    out = {}
+    for fp in (1, 4):
+        monkeypatch.setattr(_ks(), "_band_programs", lambda B, dev, fp=fp: fp)  # at _setup
+        made.clear()
+        reads = KernelReads(x, monkeypatch)
+        out[fp] = _run(x, **GEOM, **kw)
+        assert reads.bytes.get("_band_finish_kernel", 0) == 0  # no band failed
+        (bi,) = [t for t in made if t.dtype == torch.int32 and t.shape == (1, NBI.value)]
+        assert bi[0, I_N.value] > 2 * 512
+    assert torch.equal(out[1][0], out[4][0]) and torch.equal(out[1][1], out[4][1])
+    _check(x, kw, *out[1])
+
+
 def test_band_gather_ranks_at_full_blocks(monkeypatch):
     """1024-token blocks at 4 warps, the GPU's geometry (the tests above use 64-token blocks,
     where the rank is a plain cumsum): the gather ranks a block's band tokens with the packed
