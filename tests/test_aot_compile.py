@@ -51,3 +51,12 @@ def test_unfenced_list_read_is_found():
     # check reads the file beside aot.py (a removed worktree's path raised FileNotFoundError)
     body[-1] = '.file 1 "/gone/checkout/gpu_sampler/kernels/band.py"'
     assert aot.unfenced_list_reads("\n".join(body)) == [("band.py", ld)]
+
+
+def test_approximate_division_is_found():
+    """The PTX check names the line of a div.full.f32 (Triton's fp32 `/`) and passes div.rn."""
+    from gpu_sampler.kernels import aot
+    body = ['.file 1 "/x/common.py"', '.loc 1 603 13', 'div.full.f32 %r2, %r1, %r5;',
+            '.loc 1 610 9', 'div.rn.f32 %r3, %r1, %r5;']
+    assert aot.approx_divisions("\n".join(body)) == [("common.py", 603)]
+    assert aot.approx_divisions("\n".join(body[:1] + body[3:])) == []
