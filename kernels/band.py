@@ -414,10 +414,7 @@ def _band_draw(xs_ptr, is_ptr, base, n, M, tau, lminp, k0, k1, z_f, best, bidx, 
     its x), with the gather's above-winner as the start."""
     zl, sl, il, xl = _draw_init(CB)
     for b0 in range(0, n, CB):
-        idx = b0 + tl.arange(0, CB)
-        ok = idx < n
-        x = tl.load(xs_ptr + base + idx, mask=ok, other=float("-inf"))
-        ids = tl.load(is_ptr + base + idx, mask=ok, other=0)
+        ok, x, ids = _list_tile(xs_ptr, is_ptr, base, b0, n, CB)
         keep = ok & (x >= tau) & (x - M >= lminp)
         zl, sl, il, xl = _draw_lanes(x, ids, keep, M, k0, k1, zl, sl, il, xl)
     return _draw_reduce(zl, sl, il, xl, z_f, best, bidx, bx)
