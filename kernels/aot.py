@@ -56,6 +56,8 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
         raise RuntimeError("unset TRITON_INTERPRET to compile (the interpreter is active)")
     import triton
     from triton.backends.compiler import GPUTarget
+
+    from . import launch
     from triton.compiler import ASTSource
 
     fn = _kernel(kernel)
@@ -92,8 +94,7 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
     options = {"num_warps": num_warps}
     if maxnreg is not None:  # as the launcher caps them (kernels.sampling.STATS_REGS / MERGE_REGS)
         options["maxnreg"] = maxnreg
-    if consts["CD"]:  # as the launcher does: the twin rounds (1 + beta) e and beta a apart
-        options["enable_fp_fusion"] = False
+    options.update(launch.exact_fp())  # as every launcher: no contraction (launch.py)
     sig, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in PTR:

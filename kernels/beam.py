@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .common import _gumbel, _row_key
-from .launch import next_pow2
+from .launch import exact_fp, next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
 BIG_ID = tl.constexpr(1 << 62)
@@ -257,7 +257,7 @@ def beam_topk(logits, k, *, candidates=None, normalize=True, repetition_penalty=
         K=k, KP=next_pow2(max(k, 2)),
         NORMALIZE=normalize, HAS_CAND=has_cand, HAS_REP=has_rep, HAS_NOISE=has_noise,
         TILE=tile, L_BLOCK=min(max(16, next_pow2(L)), 1024),
-        num_warps=num_warps or (8 if tile >= 1024 else 4),
+        num_warps=num_warps or (8 if tile >= 1024 else 4), **exact_fp(),
     )
     return vals, keys, toks
 

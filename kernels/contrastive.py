@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import _cd_scores, _param
-from .launch import log_cut, next_pow2, split_param
+from .launch import exact_fp, log_cut, next_pow2, split_param
 
 
 @triton.jit
@@ -77,10 +77,9 @@ def contrastive_scores(logits, amateur_logits, *, cd_alpha=0.1, cd_beta=0.5, til
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
     la_p, la_s, la_t = split_param(log_cut(cd_alpha), logits)
     beta_p, beta_s, beta_t = split_param(cd_beta, logits)
-    extra = {} if interp else {"enable_fp_fusion": False}  # no FMA: the twin rounds each op
     _contrastive_scores_kernel[(B,)](
         logits, logits.stride(0), amateur_logits, amateur_logits.stride(0), out, out.stride(0), V,
         la_p, float(la_s), beta_p, float(beta_s),
-        LA_T=la_t, BETA_T=beta_t, TILE=tile, num_warps=num_warps, **extra,
+        LA_T=la_t, BETA_T=beta_t, TILE=tile, num_warps=num_warps, **exact_fp(),
     )
     return out

@@ -4,6 +4,8 @@
 rule, shared with the torch twin: gpu_sampler.params is a leaf that imports neither ops nor
 kernels.
 """
+import os
+
 import torch
 
 from gpu_sampler.params import log_cut  # noqa: F401 (absolute: works however kernels/ is found)
@@ -12,6 +14,14 @@ from gpu_sampler.params import log_cut  # noqa: F401 (absolute: works however ke
 def next_pow2(n):
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def exact_fp():
+    """Launch options that make the GPU round as the interpreter and the torch twin do: no
+    contraction of a product and a sum into one fma (Triton 3.9 contracts by default; only an
+    explicit tl.fma rounds once, on both sides). Every launcher passes them; the interpreter
+    takes no compile options."""
+    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
 
 
 def split_param(value, dummy):

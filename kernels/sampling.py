@@ -36,7 +36,6 @@ See kernels/README.md for the bounds, the pass counts and the bytes.
 """
 import dataclasses
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -44,7 +43,7 @@ import triton
 
 from .common import NBIN
 from .history import _bucket_history_kernel
-from .launch import edit_table, log_cut, next_pow2, split_param
+from .launch import edit_table, exact_fp, log_cut, next_pow2, split_param
 from .band import NG, NSP, NSPI, _band_finish_kernel, _band_gather_kernel
 from .band_plan import NBF, NBI, NBUCK
 from .merge import NS, S_TAU, S_ZF, _merge_kernel, _write_probs_kernel
@@ -241,7 +240,7 @@ def _launch_top_n(c, cand):
         *c.p["minp"].pair(), ids, lp, g["NT"], top.n, **c.flags("temp", "minp"),
         HAS_MINP=c.modes["HAS_MINP"], RAW=top.raw, KB=top.kb, NSEL=nsel,
         GB=max(1, min(g["NT_P2"], 2048 // top.kb)), CB=max(nsel, min(512, top.kb * g["NT_P2"])),
-        NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=8)
+        NT_P2=g["NT_P2"], TILE=g["TILE"], num_warps=8, **exact_fp())
     if top.raw and top.n > nsel:
         # places past the kernel's NSEL: (-1, -inf), and NaN for a row holding NaN or +inf
         # (its first place is NaN), as the twin gives; a device-side select, no host read
@@ -298,10 +297,7 @@ def _contrastive(logits, amateur_logits, cd_alpha, cd_beta, NT):
         am, la_p, la_s, la_t, beta_p, beta_s, beta_t, wc = logits, logits, 0.0, False, logits, \
             0.0, False, logits
     cdargs = (am, am.stride(0), la_p, float(la_s), beta_p, float(beta_s))
-    const = dict(LA_T=la_t, BETA_T=beta_t, CD=cd)
-    if cd and os.environ.get("TRITON_INTERPRET") != "1":
-        const["enable_fp_fusion"] = False  # no FMA: the twin rounds (1 + b) e and b a apart
-    return cdargs, wc, const
+    return cdargs, wc, dict(LA_T=la_t, BETA_T=beta_t, CD=cd)
 
 
 def _params(values, dummy):
@@ -345,7 +341,8 @@ def _history(logits, input_ids, p, g, needed, direct=False):
     bnd = _workspace((B, 2, NT), torch.int32, dev)
     _bucket_history_kernel[(B,)](
         ids, ids.stride(0), L, *p["plen"].pair(), edits, bnd, NT, PLEN_T=p["plen"].t,
-        TILE=g["TILE"], L_BLOCK=256 if L <= 2048 else 1024, NT_P2=g["NT_P2"], num_warps=8)
+        TILE=g["TILE"], L_BLOCK=256 if L <= 2048 else 1024, NT_P2=g["NT_P2"], num_warps=8,
+        **exact_fp())
     return edits, L, bnd, e_block
 
 
@@ -377,7 +374,7 @@ def _launch_stats(c, wf, wi, cand, hb, ft, cnt):
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
         **_regs(c.regs),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
-        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, SHARE=c.second or c.bands, **c.const)
+        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, SHARE=c.second or c.bands, **c.const, **exact_fp())
 
 
 def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_list=False):
@@ -396,7 +393,7 @@ def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_l
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
         KEEP_LIST=keep_list, SCREEN=c.screen, num_warps=warps, R=min(g["TILE"], 32 * warps),
         **_regs(MERGE_REGS_STATE if c.top.state or "HDIRECT" in c.const else MERGE_REGS),
-        **c.const)
+        **c.const, **exact_fp())
 
 
 def _second_work(c):
@@ -433,7 +430,7 @@ def _launch_second(c, s, tok, logp, cnt, finish):
         s.qi, logp, *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         WRITE_PROBS=s.write_probs, S_ZF=S_ZF, NS=NS, SCREEN=c.screen, FINISH=own,
         S_TAU=S_TAU, STATE=c.top.state, NT_P2=g["NT_P2"], num_warps=c.num_warps,
-        **({} if c.const["CD"] else _regs(STATS_REGS)), **c.const)
+        **({} if c.const["CD"] else _regs(STATS_REGS)), **c.const, **exact_fp())
     if finish and not own:
         _finish_second(c, s.rf, s.qf, s.qi, tok, logp, s.sf, s.write_probs)
 
@@ -447,7 +444,7 @@ def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
         *c.p["seed"].pair(), *c.p["off"].pair(), rf, qf, qi, tok, logp, sf, *c.cdargs,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], S_TAU=S_TAU, S_ZF=S_ZF,
         NS=NS, WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4,
-        **c.const)
+        **c.const, **exact_fp())
 
 
 def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None):
@@ -478,7 +475,7 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
         tab, gf, gi, *xs, *sq,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"],
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps), SECOND=both is not None,
-        SCREEN=c.screen, **_gather_regs(c, both), **_band_const(c))
+        SCREEN=c.screen, **_gather_regs(c, both), **_band_const(c), **exact_fp())
     if both and c.top.state:
         _finish_second(c, *sq, tok, logp, second.sf, second.write_probs)
     # the row pass's geometry, as the merge's (16 warps modelled slower); round 1 over [512, 8]
@@ -491,7 +488,7 @@ def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None)
         HAS_MINP=c.modes["HAS_MINP"], NT_P2=g["NT_P2"], CB=512, NPIV=npiv, SB2=256,
         NPIV2=2 * npiv, MAX_ROUNDS=max_rounds, FP=BAND_SLICES, SEG=64,
         SECOND=second is not None and not c.top.state,
-        num_warps=warps, **_regs(MERGE_REGS), **_band_const(c))
+        num_warps=warps, **_regs(MERGE_REGS), **_band_const(c), **exact_fp())
 
 
 @functools.lru_cache(maxsize=None)
@@ -536,7 +533,7 @@ def _launch_probs(c, sf, si):
         L, L.stride(0), L.shape[1], g["NT"], g["TPC"], *c.hist, *c.p["temp"].pair(),
         *c.p["minp"].pair(), *c.p["rep"].pair(), *c.p["pres"].pair(), *c.p["freq"].pair(),
         sf, si, probs, probs.stride(0), *c.cdargs, **c.flags("minp"),
-        HAS_MINP=c.modes["HAS_MINP"], num_warps=c.num_warps, **c.const)
+        HAS_MINP=c.modes["HAS_MINP"], num_warps=c.num_warps, **c.const, **exact_fp())
     return probs
 
 
@@ -571,10 +568,10 @@ def _launch_residual(c, sf, si, xs, q, d):
         *c.p["seed"].pair(), *c.p["off"].pair(), sf, si, *xs, g["KT"],
         q, q.stride(0), q.stride(1), d, d.stride(0), d.shape[1] + 1, pf, pi, tok, logp, pd,
         *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], LB=256,
-        SOLO=solo, num_warps=8, **c.const)
+        SOLO=solo, num_warps=8, **c.const, **exact_fp())
     if not solo:
         _residual_finish[(B,)](si, pf, pi, tok, logp, pd, NT, cr, NT_P2=g["NT_P2"],
-                               num_warps=4)
+                               num_warps=4, **exact_fp())
     return tok, logp, pd
 
 

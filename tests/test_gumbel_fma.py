@@ -2,8 +2,9 @@
 twenty-sixth session; fixed by explicit fmas on both sides).
 
 kernels/common.py _exp1_of sums E = w (1 + w/2 + ... + w^5/6) for w < 1/16 by Horner, s = s * w + c.
-Triton compiles GPU kernels with enable_fp_fusion=True by default (only the CD launches turn it off,
-kernels/sampling.py / aot.py), so each step becomes one fma (one rounding) on the GPU, while
+Triton compiles GPU kernels with enable_fp_fusion=True by default (then only the CD launches turned
+it off; every launch does since the thirty-fifth session, kernels/launch.py exact_fp), so each
+step became one fma (one rounding) on the GPU, while
 rng.gumbel_of_hash rounds the product and the sum apart (two torch ops). The old noise
 -ln(-ln u) had no multiply-add, so this is new with 6ec939f: over all 2^24 + 2^26 distinct fl(h),
 58,976 values (1.7e-4 of the hash mass) get a G one ulp apart (e.g. fl(h) = 464350: twin 9.1322603,
