@@ -174,12 +174,10 @@ def unfenced_list_reads(ptx):
 
 
 def approx_divisions(ptx):
-    """(file, line) of each approximate fp32 division in the PTX (div.full / div.approx).
-    Triton compiles fp32 `/` to div.full.f32, within 2 ulps of the quotient: on a GPU the
-    kernels' x = xp / T is then not the twin's correctly rounded one at the last bit (the
-    interpreter divides exactly, so no CPU test can see it). Reported, not yet asserted: the
-    exact replacement (branch exact-quotient, docs/notes.md, thirty-fourth session) spilled
-    in six variants."""
+    """(file, line) of each approximate fp32 division in the PTX (div.full / div.approx):
+    Triton's fp32 `/` compiles to div.full.f32 (within 2 ulps), so x = xp / T would not be
+    the twin's correctly rounded quotient on a GPU (common._quotient); every division in the
+    kernels is tl.math.div_rn (div.rn.f32) or a multiply by an exact constant."""
     files = dict(re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M))
     loc, bad = None, []
     for ln in ptx.splitlines():
@@ -238,9 +236,9 @@ VARIANTS = {
     "gather:min-p screened": ("gather", dict(HAS_TOPK=False, HAS_TOPP=False, HAS_REP=False,
                                              HAS_MINP=True, S_ZF=2, NS=5, SCREEN=True,
                                              num_warps=4, maxnreg=64)),
-    "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4)),
+    "finish": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, num_warps=4, maxnreg=96)),
     "finish:distribution": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, WRITE_PROBS=True,
-                                           num_warps=4)),
+                                           num_warps=4, maxnreg=96)),
     # the band read of top-p rows (no top-k) whose nucleus outgrew the candidates
     "stats:bands": ("stats", dict(HAS_TOPK=False, HAS_REP=False, num_warps=4, maxnreg=64)),
     "stats:bands+per-row+pf": ("stats", dict(PER_ROW, HAS_PF=True, HAS_MINP=True, num_warps=4,
@@ -305,6 +303,17 @@ VARIANTS = {
     "residual_finish": ("residual_finish", dict(num_warps=4)),
 }
 
+# The merge at its 128-register cap (two programs per SM: launched only past one row an SM,
+# sampling._merge_regs) spills a few bytes in these variants since x = xp / T is the exact
+# quotient (common._quotient: the correction's temporaries on a merge already at ~125 live
+# registers); the bound each may not pass. At most one row an SM the launcher gives the
+# merge MERGE_REGS_ONE, and the same variants compile there without a spill (" one per SM").
+SPILL_BOUND = {"merge:mask+bias": 16, "merge:topk+topp+rep": 16, "merge:per-row+minp+pf": 16,
+               "merge:per-row+minp+pf screened": 16}
+for _name in SPILL_BOUND:
+    _kernel_name, _flags = VARIANTS[_name]
+    VARIANTS[_name + " one per SM"] = (_kernel_name, dict(_flags, maxnreg=168))
+
 
 def main(argv=None):
     names = (argv if argv is not None else sys.argv[1:]) or list(VARIANTS)
@@ -315,7 +324,8 @@ def main(argv=None):
         extra = f"{usage[0]} registers, {usage[1]} bytes spilled" if usage else "ptxas -v unavailable"
         racy = unfenced_list_reads(ck.asm["ptx"])
         fence = "; list reads fenced" if not racy else f"; UNFENCED list reads at {racy}"
-        div = f"; approximate divisions at {len(approx_divisions(ck.asm['ptx']))} lines"
+        approx = approx_divisions(ck.asm["ptx"])
+        div = "; divisions exact" if not approx else f"; APPROX divisions at {approx}"
         print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}{fence}{div}")
 
 

@@ -78,7 +78,8 @@ import triton.language as tl
 
 from .band_plan import (B_FMAX, B_M, B_SLB, B_Z, FX, I_JA, I_JC, I_N, I_OK, I_TICK, NBF, NBI,
                         NBUCK, Q_SLACK, QR)
-from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_shift, _better, _edges_combine,
+from .common import (BAND_S, NO_ID, _add2, _band_bin, _band_scale, _band_shift, _better,
+                     _edges_combine,
                      _edges_mass_combine, _gumbel, _gumbel_of, _hash32, _kept_slots,
                      _mass_of, _maxmin_combine, _param, _penalised_tile, _pivot_update, _pivots,
                      _quotient, _row_key, _row_scale, _screen_scale, _screened)
@@ -97,7 +98,7 @@ def _bucket(x, fmax, jc):
     """A band token's bucket (band_plan.py's table): floor(x QR) - qb clamped to [0, NBUCK), a
     monotone function of x (equal x, one bucket; the clamp keeps it monotone), the same float
     arithmetic in the gather and the finish."""
-    qb = tl.floor((fmax - jc.to(tl.float32)) / BAND_S * QR) - Q_SLACK
+    qb = tl.floor((fmax - jc.to(tl.float32)) * (1.0 / BAND_S) * QR) - Q_SLACK
     d = tl.floor(x * QR) - qb
     return tl.minimum(tl.maximum(d, 0.0), NBUCK - 1).to(tl.int32)
 
@@ -133,7 +134,7 @@ def _band_block(lrow, erow, brow, xrow, gf, gi, tab, xs_ptr, is_ptr, base, orow,
     x = _quotient(xp, tdiv)
     e = _mass_of(x, M)
     fin = inb & (x > float("-inf")) & (x < float("inf"))
-    J = _band_bin(xp, F, BAND_S / tdiv) + _band_shift(fmax, F)
+    J = _band_bin(xp, F, _band_scale(tdiv)) + _band_shift(fmax, F)
     above = fin & (J < ja)
     band = fin & (J >= ja) & (J <= jc)
     # without min-p the kept lanes are the lanes above (e >= 0 on every finite x): their mass
@@ -342,7 +343,7 @@ def _bucket_pick(tab, target):
     tq = tl.ceil(target * FX).to(tl.int64)
     suf = tl.cumsum(m, 0, reverse=True)
     b, a = tl.reduce((tl.where(suf >= tq, q, -1), suf - m), 0, _last_bucket)
-    return b, a.to(tl.float32) / FX
+    return b, a.to(tl.float32) * (1.0 / FX)
 
 
 @triton.jit
@@ -542,7 +543,7 @@ def _band_result(gf, gi, bi, xs_ptr, is_ptr, sx_ptr, si_ptr, sp, spi, base, fs, 
                                                       cache_modifier=".cg"), best, bidx, bx)
             kp = tl.sum(tl.load(spi + SI_Z * FP + s, mask=sm, other=0, cache_modifier=".cg"),
                         axis=0)
-            kp = kp.to(tl.float32) / FX
+            kp = kp.to(tl.float32) * (1.0 / FX)
             z_f, best, bidx, bx = _band_draw(xs_ptr, is_ptr, base, m, M, lo, lminp, k0, k1,
                                              z_f + kp, ks, kid, kx, SB2)
             ok = best >= slb  # every token the gather's screen skipped scores < slb
@@ -631,8 +632,9 @@ def _band_finish_kernel(
                     lrow, edits_ptr + row * stride_eb, bnd_ptr + row * 2 * NT,
                     x_ptr + row * stride_xb, lrow, NT, V, rep, pres, freq, tdiv, M, Z,
                     _row_lmin(wf_ptr + row * NF * NT, NT, NT_P2), row * 0, p, lminp, no, ~no, no,
-                    M, M * 0.0, M * 0.0, M * 0.0, k0, k1, M * 0.0,
-                    tl.full([], float("-inf"), tl.float32), row * 0 - 1, M * 0.0, TILE,
-                    E_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, False, False)
+                    M, M * 0.0, M * 0.0, M * 0.0, seed_ptr, seed_s, off_ptr, off_s, row,
+                    M * 0.0, tl.full([], float("-inf"), tl.float32), row * 0 - 1, M * 0.0, TILE,
+                    E_BLOCK, NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, False, False,
+                    SEED_T, OFF_T)
             tl.store(tok_ptr + row, bidx)
             tl.store(logp_ptr + row, (bx - M) - tl.log(z_f))

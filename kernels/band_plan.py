@@ -108,7 +108,7 @@ def _boundary_bin(cnt, fmax, M, Z, p):
     suffix sum of cnt[J] e^((Fmax - J) / 8 - M) BIN_MASS over the window (non-increasing in
     E, 0 at JW, so E <= JW): one scan, no bisection."""
     J = tl.arange(0, JW)
-    w = cnt.to(tl.float32) * (tl.exp((fmax - J.to(tl.float32)) / BAND_S - M) * BIN_MASS)
+    w = cnt.to(tl.float32) * (tl.exp((fmax - J.to(tl.float32)) * (1.0 / BAND_S) - M) * BIN_MASS)
     tail = tl.cumsum(w, 0, reverse=True)
     E = tl.min(tl.where(Z - tail >= p * Z, J, JW), axis=0)
     return tl.maximum(E - 1, 0)

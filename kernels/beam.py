@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _gumbel, _row_key
+from .common import _gumbel, _quotient, _row_key
 from .launch import exact_fp, next_pow2
 
 # Sentinel ids (empty / disabled slots): larger than any token id.
@@ -58,7 +58,7 @@ def _final_keys(bc, bi, M, logz, a, T, k0, k1, NORMALIZE: tl.constexpr, HAS_NOIS
     """(v, key) of buffered candidates once the normaliser is known."""
     v = bc
     if NORMALIZE:
-        v = (a * ((bc - M) - logz)) / T
+        v = _quotient(a * ((bc - M) - logz), T)
     key = v
     if HAS_NOISE:
         key = v + _gumbel(k0, k1, tl.where(bi >= 0, bi, 0))
@@ -121,12 +121,12 @@ def _beam_pass(lrow, crow, irow, V, L, rep, temp, k0, k1, K: tl.constexpr, KP: t
         ids = tl.where(inb, offs, -1)
         if HAS_REP:
             is_seen = _seen_tile(irow, L, start, TILE, L_BLOCK)
-            uk, uc, ui = _insert_tile(uk, uc, ui, c / temp + g, c,
+            uk, uc, ui = _insert_tile(uk, uc, ui, _quotient(c, temp) + g, c,
                                       tl.where(is_seen, -1, ids), BIG_ID)
-            sk, sc, si = _insert_tile(sk, sc, si, (rep * c) / temp + g, c,
+            sk, sc, si = _insert_tile(sk, sc, si, _quotient(rep * c, temp) + g, c,
                                       tl.where(is_seen, ids, -1), BIG_ID)
         else:
-            uk, uc, ui = _insert_tile(uk, uc, ui, c / temp + g, c, ids, BIG_ID)
+            uk, uc, ui = _insert_tile(uk, uc, ui, _quotient(c, temp) + g, c, ids, BIG_ID)
     return M, Z, uk, uc, ui, sk, sc, si
 
 

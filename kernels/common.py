@@ -470,8 +470,9 @@ def _masked_biased(xp, xrow_ptr, t, V, start, lane, offs, inb, HAS_MASK: tl.cons
 
 @triton.jit
 def _rep_penalised(xp, seen, rep):
-    """transformers' repetition penalty on the tokens seen: x * rep below 0, x / rep above."""
-    return tl.where(seen > 0, tl.where(xp < 0, xp * rep, xp / rep), xp)
+    """transformers' repetition penalty on the tokens seen: x * rep below 0, x / rep above (the
+    correctly rounded quotient, torch's: _quotient)."""
+    return tl.where(seen > 0, tl.where(xp < 0, xp * rep, _quotient(xp, rep)), xp)
 
 
 @triton.jit
@@ -592,22 +593,103 @@ def _mass_of(x, M):
 
 
 @triton.jit
+def _reciprocal_normal(d):
+    """y = fl(1 / d) of a row-uniform d in [2^-125, 2^125] (_reciprocal for any d), correctly
+    rounded; no division (div.full.f32 is within 2 ulps, div.rn.f32's slow path is a call, and
+    five variants spilled around it), the same operations on the GPU and the interpreter: a
+    seed from d's bits (0x7EF311C3 - d, within 12.5%), then four Newton steps y + y (1 - d y),
+    the residual exact in one fma. They give the correctly rounded reciprocal for every
+    significand but the all-ones one (Markstein's exception: 1 / d lies 2^-49 above a rounding
+    midpoint), whose reciprocal is set from d's exponent (`python bench/quotient_exhaustive.py
+    --reciprocal`: every significand at eight exponents)."""
+    b = d.to(tl.int32, bitcast=True)
+    y = (0x7EF311C3 - b).to(tl.float32, bitcast=True)
+    for _ in tl.static_range(4):
+        y = tl.fma(tl.fma(-d, y, 1.0), y, y)
+    ones = (b & 0x7FFFFF) == 0x7FFFFF
+    yo = ((b & -2147483648) | ((253 - ((b >> 23) & 255)) << 23) | 1).to(tl.float32,
+                                                                      bitcast=True)
+    return tl.where(ones, yo, y)
+
+
+@triton.jit
+def _divisor_scale(d):
+    """2^24 for a divisor below 2^-125 (a subnormal T included: 1 / T is not normal or
+    overflows), 2^-24 above 2^125, else 1: d s is then in [2^-125, 2^125], exactly."""
+    a = tl.abs(d)
+    return tl.where(a < 2.0 ** -125, 16777216.0, tl.where(a > 2.0 ** 125, 1.0 / 16777216.0, 1.0))
+
+
+@triton.jit
+def _reciprocal(d):
+    """y = fl(1 / d) of a finite, nonzero, row-uniform d: _reciprocal_normal of d scaled into
+    its range (_divisor_scale), scaled back, both exact but where 1 / d overflows (+-inf, as
+    the division) or, for d > 2^125, is subnormal."""
+    d = tl.cast(d, tl.float32)
+    s = _divisor_scale(d)
+    return _reciprocal_normal(d * s) * s
+
+
+@triton.jit
+def _markstein(xp, d, y):
+    """fl(xp / d) from y = fl(1 / d) (_quotient): q = fl(xp y), then q + (xp - q d) y, the
+    remainder exact in one fma; +-inf and NaN make the remainder NaN and keep q."""
+    q = xp * y
+    c = tl.fma(tl.fma(-q, d, xp), y, q)
+    return tl.where(c == c, c, q)
+
+
+@triton.jit
+def _band_scale(tdiv):
+    """s = BAND_S / T, the band bins' scale (stage 1 and the band gather bin with it): BAND_S
+    fl(1 / T), the rounded reciprocal times a power of two, so fl(BAND_S / T) exactly."""
+    return BAND_S * _reciprocal(tdiv)
+
+
+@triton.jit
+def _log2e_scale(tdiv):
+    """log2(e) / T as log2(e) fl(1 / T): the scale of stage 1's block sums z_t (and of the
+    merge's redone blocks), an estimate's factor, not the twin's quotient."""
+    return LOG2E * _reciprocal(tdiv)
+
+
+@triton.jit
 def _quotient(xp, tdiv):
-    """x = fl(xp / tdiv), the twin's quotient, lane by lane; at tdiv = 1 (T 1.0, the usual
-    top-p temperature) a uniform branch skips the division (xp / 1 = xp exactly, -inf and NaN
-    included): the band gather, modelled (64, 128256) T 1.0 top-p 0.95, 54.0 -> 50.2 us. (The
-    second read's gather, min-p at T 1.0: 34.5 -> 34.9, not taken.)"""
+    """x = fl(xp / tdiv) for a row-uniform tdiv (T, or the repetition penalty), correctly
+    rounded as the twin's (torch's) quotient, lane by lane or of one value: every kernel's
+    x = xp / T. Not Triton's fp32 `/`, which compiles to PTX div.full.f32, an approximation
+    within 2 ulps: on a GPU x was not the twin's at the last bit (another tie group, tau or
+    score), while the interpreter divides exactly (kernels/aot.py approx_divisions finds it
+    in the PTX). Nor div.rn.f32 on every lane: its slow path is a call, and five variants
+    spilled around it. Markstein's correction instead: with y = fl(1 / tdiv) (_reciprocal)
+    and q = fl(xp y) within an ulp of xp / tdiv, the remainder xp - q tdiv is exact in one
+    fma and fl(q + (xp - q tdiv) y) is the correctly rounded quotient wherever the remainder
+    does not underflow: every xp with |xp| >= 2^-102 (`python bench/quotient_exhaustive.py`:
+    all 2^32 dividends; below, logits that are 0 in all but name, it can miss by an ulp;
+    tests/test_quotient.py checks it against torch). +-inf and NaN keep q; xp = -0 gives +0
+    (equal to -0 in every comparison, sum and exp). Six instructions a lane where
+    div.full.f32 took three (the scale's multiply, below, included). At tdiv = 1 (T 1.0, the usual top-p temperature) a uniform
+    branch skips it all (xp / 1 = xp): the band gather, modelled (64, 128256) T 1.0 top-p
+    0.95, 54.0 -> 50.2 us."""
     if tdiv == 1.0:
         x = xp
     else:
-        x = xp / tdiv
+        # a divisor outside [2^-125, 2^125] (a subnormal T: its reciprocal overflows) divides
+        # the pair scaled by 2^+-24, xp s / (tdiv s): xp s is exact wherever the quotient is
+        # neither +-inf nor below 2^-227 (0 either way). One multiply a lane (s = 1 else): a
+        # uniform branch around it spilled in two more variants (merge:distribution 12 bytes,
+        # band_finish:second 20)
+        s = _divisor_scale(tl.cast(tdiv, tl.float32))
+        d = tdiv * s
+        x = _markstein(xp * s, d, _reciprocal_normal(d))
     return x
 
 
 @triton.jit
 def _tempered(xp, tdiv, ovf_row, xpmax):
-    """x = xp / T; an overflowed row keeps its xp argmax tie group (x = 0, rest -inf)."""
-    x = xp / tdiv
+    """x = xp / T (_quotient); an overflowed row keeps its xp argmax tie group (x = 0, rest
+    -inf)."""
+    x = _quotient(xp, tdiv)
     return tl.where(ovf_row, tl.where(xp == xpmax, 0.0, float("-inf")), x)
 
 
@@ -623,7 +705,7 @@ def _pivots(lo, pv, NPIV: tl.constexpr):
     kpv = _key(pv).to(tl.int64)
     kp = klo + ((kpv - klo) * jj + H - 1) // H
     key_piv = _unkey(kp.to(tl.int32))
-    f = jj.to(tl.float32) / (H + 1)
+    f = jj.to(tl.float32) * (1.0 / (H + 1))
     val_piv = lo * (1.0 - f) + pv * f
     val_piv = tl.minimum(tl.maximum(val_piv, _unkey((klo + 1).to(tl.int32))), pv)
     return tl.where(j < H, val_piv, key_piv)

@@ -31,7 +31,8 @@ from .second import HANDED, NR, R_M, R_ME, R_S, R_Z, SHARE_BAND, SHARE_HANDED, _
 from .common import (EMPTY_SLOT, LOG2E, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF,
                      _add_max, _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel,
                      _head, _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
-                     _pivots, _pure_row, _row_key, _row_scale, _screen_bound, _tempered)
+                     _log2e_scale, _pivots, _pure_row, _quotient, _row_key, _row_scale,
+                     _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, _block_stats, _row_bases)
 
@@ -44,7 +45,7 @@ def _slot_block(cand_ptr, row, NT, b0, tdiv, ncand_t, KT: tl.constexpr, CB: tl.c
     first ncand_t slots only: the rest (and every slot of a block the merge emptied, CD) is
     masked, never read."""
     ok, v = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
-    return ok, _cand_x(v) / tdiv, _cand_id(v)
+    return ok, _quotient(_cand_x(v), tdiv), _cand_id(v)
 
 
 @triton.jit
@@ -202,12 +203,13 @@ def _prune_bound(hist, M, k, target, k_act, p_act, NB: tl.constexpr, INV_W: tl.c
     no bound at all where the max alone holds ~p of the mass)."""
     i = tl.arange(0, NB)
     jk = tl.sum((tl.cumsum(hist, 0) < k).to(tl.int32), axis=0)
-    e = tl.exp(-((i + 1).to(tl.float32) / INV_W + BIN_SLACK))
+    e = tl.exp(-((i + 1).to(tl.float32) * (1.0 / INV_W) + BIN_SLACK))
     wl = hist.to(tl.float32) * e + tl.where((i == 0) & (hist > 0), 1.0 - e, 0.0)
     jp = tl.sum((tl.cumsum(wl, 0) < target).to(tl.int32), axis=0)
     j = tl.where(k_act, jk, jp)
     ok = (k_act | p_act) & (j < NB - 1)
-    return tl.where(ok, M - ((j + 1).to(tl.float32) / INV_W + BIN_SLACK), float("-inf"))
+    return tl.where(ok, M - ((j + 1).to(tl.float32) * (1.0 / INV_W) + BIN_SLACK),
+                    float("-inf"))
 
 
 @triton.jit
@@ -290,7 +292,7 @@ def _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, lo, pv,
                 TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
                 HAS_BIAS,
                 arow, la, beta, me, CD, False)
-            x = xp / tdiv
+            x = _quotient(xp, tdiv)
             cnt, mass, nxt, prv = _pivot_partials(x, tl.exp(x - M), piv, cnt, mass, nxt, prv,
                                                   USE_COUNT, False)
         lo, pv, lo_mass = _pivot_update(cnt, mass, nxt, prv, lo, pv, lo_mass, target, NPIV,
@@ -365,17 +367,19 @@ def _first_index(lrow, erow, brow, xrow, cand_ptr, row, NT, V, tb, ncand, target
 
 @triton.jit
 def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
-              k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, z_f, best, bidx, bx,
-              TILE: tl.constexpr, E_BLOCK: tl.constexpr, NPIV: tl.constexpr,
+              k_act, p_act, ovf, xpmax, la, beta, Me, seed_ptr, seed_s, off_ptr, off_s, row,
+              z_f, best, bidx, bx, TILE: tl.constexpr, E_BLOCK: tl.constexpr, NPIV: tl.constexpr,
               MAX_ROUNDS: tl.constexpr, HAS_REP: tl.constexpr, HAS_PF: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
-              WRITE_PROBS: tl.constexpr):
+              WRITE_PROBS: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr):
     """The exact row pass (last resort, one program): the top-k then top-p search over the
     row itself (one pass per round), then one draw pass: keep x >= tau with x - M >= ln min_p,
     Z_f, the Gumbel argmax (lowest id on ties). Overflowed rows (ovf) keep xp's argmax tie group
     with x = 0. Shared by the merge and kernels/band.py's finish (rows whose band failed), so
     both give the same answer. Returns (M, tau, Z_f, best score, token, its x); where the whole
-    row is kept, the merge's _route takes Z instead of this Z_f."""
+    row is kept, the merge's _route takes Z instead of this Z_f. The row key is made after the
+    searches, so that neither it nor the seed is held through them (at the 128-register cap
+    the merge spilled it there)."""
     M = tl.where(ovf, 0.0, M)
     tau = tl.where(ovf, 0.0, lmin)
     zk = Z
@@ -387,6 +391,7 @@ def _row_pass(lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, 
         tau, zk = _row_search(lrow, erow, brow, xrow, NT, V, rep, pres, freq, tdiv, M, tau, M,
                               zk, p * zk, arow, la, beta, Me, False, TILE, E_BLOCK, NPIV,
                               MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD)
+    k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     for t in range(0, NT):
         offs, inb, xp, _, _, _ = _penalised_tile(lrow, erow, brow, xrow, NT, t, V, rep, pres, freq,
                                               TILE, E_BLOCK, HAS_REP, HAS_PF, HAS_MASK,
@@ -470,7 +475,7 @@ def _cd_head(lrow, arow, erow, brow, xrow, wfrow, wirow, wcrow, cand_ptr, row, N
     t = tl.min(tl.where(dirty, tt, NT_P2), axis=0)
     while t < NT:
         _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, t, V,
-                     rep, pres, freq, tdiv, LOG2E / tdiv, la, beta, Me,
+                     rep, pres, freq, tdiv, _log2e_scale(tdiv), la, beta, Me,
                      tl.zeros([], tl.uint32), tl.zeros([], tl.uint32), wcrow, wcrow, wcrow,
                      wcrow, TILE, E_BLOCK, KT, NWIN, D0_EXP, HAS_REP, HAS_PF, HAS_MASK,
                      HAS_BIAS, True, False, R, False, False, 0, False, False)
@@ -575,7 +580,7 @@ def _pure_winner(wfrow, wirow, seed_ptr, seed_s, off_ptr, off_s, row, NT, tdiv, 
     tt = tl.arange(0, NT_P2)
     tin = tt < NT
     k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
-    bx_t = tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")) / tdiv
+    bx_t = _quotient(tl.load(wfrow + F_BX * NT + tt, mask=tin, other=float("-inf")), tdiv)
     s2_t = tl.load(wfrow + F_S2 * NT + tt, mask=tin, other=float("-inf"))
     bid_t = tl.load(wirow + I_BID * NT + tt, mask=tin, other=0)
     lo_t = tl.load(wfrow + F_LO * NT + tt, mask=tin, other=float("inf"))
@@ -617,7 +622,7 @@ def _list_bound(cand_ptr, row, NT, m_t, ncand_t, M, G, Z, k, p, lminp, tdiv, k_a
             ok, v = _slot_load(cand_ptr, row, NT, 0, ncand_t, KT, CB, NT_P2)
             for b0 in range(CB, NT * KT + CB, CB):
                 ok_n, v_n = _slot_load(cand_ptr, row, NT, b0, ncand_t, KT, CB, NT_P2)
-                d = tl.minimum((M - _cand_x(v) / tdiv) * INV_W, NB - 1)
+                d = tl.minimum((M - _quotient(_cand_x(v), tdiv)) * INV_W, NB - 1)
                 hist += tl.histogram(tl.where(ok, d, NB - 1).to(tl.int32), NB, mask=ok)
                 ok, v = ok_n, v_n
         LB = _prune_bound(hist, M, k, p * Z, k_act, p_act, NB, INV_W)
@@ -635,7 +640,7 @@ def _list_bound(cand_ptr, row, NT, m_t, ncand_t, M, G, Z, k, p, lminp, tdiv, k_a
         listed = NT * 0 + 1
         if p_act & (~k_act) & (G > float("-inf")):
             ib = tl.maximum(tl.arange(0, NB) - 1, 0).to(tl.float32)
-            ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib / INV_W), axis=0)
+            ub = tl.sum(hist.to(tl.float32) * tl.exp(-ib * (1.0 / INV_W)), axis=0)
             listed = tl.where(ub < p * Z, 0, listed)
     return LB, listed
 
@@ -691,8 +696,9 @@ def _reached_list(cand_ptr, xs_ptr, is_ptr, base, row, NT, m_t, ncand_t, LB, lis
         ok, v = _reached_slots(cand_ptr, row, NT, order, nreach, 0, KT, CS, NT_P2)
         for b0 in range(CS, nreach * KT + CS, CS):
             ok_n, v_n = _reached_slots(cand_ptr, row, NT, order, nreach, b0, KT, CS, NT_P2)
-            n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok, _cand_x(v) / tdiv,
-                                        _cand_id(v), LB, M, n_c, vmin, vmass)
+            n_c, vmin, vmass = _compact(xs_ptr, is_ptr, base, ok,
+                                        _quotient(_cand_x(v), tdiv), _cand_id(v), LB, M, n_c,
+                                        vmin, vmass)
             ok, v = ok_n, v_n
     # the list's min and mass in one reduction (one exchange)
     cmin, cmass = tl.reduce((vmin, vmass), 0, _min_add)
@@ -716,7 +722,7 @@ def _redo_dirty(lrow, erow, brow, xrow, arow, xs_ptr, is_ptr, base, dirty, NT, V
             freq, TILE, E_BLOCK, HAS_REP, HAS_PF,
             HAS_MASK, HAS_BIAS,
             arow, la, beta, Me, CD, False)
-        x = xp / tdiv
+        x = _quotient(xp, tdiv)
         sel = inb & (x >= LB)
         nsel = tl.sum(sel.to(tl.int32), axis=0)
         full = full | (n_c + nsel > NT * KT)
@@ -951,14 +957,13 @@ def _route(lrow, erow, brow, xrow, arow, wfrow, rf_ptr, sf_ptr, logp_ptr, hb_ptr
             tl.store(logp_ptr + row, tl.where(
                 (~k_act) & (~p_act) & (lminp == float("-inf")) & (~ovf), Z, -1.0))
         # the pass starts from a draw of nothing (the values _draw_row leaves such a row, as
-        # constants) and its row key made here: none of the six is held through the hand-overs
-        k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
+        # constants) and makes its own row key: none of the six is held through the hand-overs
         M, tau, z_f, best, bidx, bx = _row_pass(
             lrow, erow, brow, xrow, arow, NT, V, rep, pres, freq, tdiv, M, Z, lmin, k, p, lminp,
-            k_act, p_act, ovf, xpmax, la, beta, Me, k0, k1, tl.zeros([], tl.float32),
-            tl.full([], float("-inf"), tl.float32), tl.full([], -1, tl.int64),
-            tl.zeros([], tl.float32), TILE, E_BLOCK,
-            NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS)
+            k_act, p_act, ovf, xpmax, la, beta, Me, seed_ptr, seed_s, off_ptr, off_s, row,
+            tl.zeros([], tl.float32), tl.full([], float("-inf"), tl.float32),
+            tl.full([], -1, tl.int64), tl.zeros([], tl.float32), TILE, E_BLOCK,
+            NPIV, MAX_ROUNDS, HAS_REP, HAS_PF, HAS_MASK, HAS_BIAS, CD, WRITE_PROBS, SEED_T, OFF_T)
         if not WRITE_PROBS:
             tl.debug_barrier()  # the slot was stored by another thread of this program
             z_kept = tl.load(logp_ptr + row)
@@ -1132,7 +1137,7 @@ def _write_probs_kernel(
         lminp = tl.full([], float("-inf"), tl.float32)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
-    inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)
+    inv_z = tl.math.div_rn(1.0, tl.load(sf_ptr + row * NS + S_ZF))
     xpmax = tl.load(sf_ptr + row * NS + S_XPMAX)
     flags = tl.load(si_ptr + row * 2)
     gidx = tl.load(si_ptr + row * 2 + 1).to(tl.int64)

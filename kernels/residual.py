@@ -167,7 +167,7 @@ def _residual_kernel(
         lminp = _param(minp_ptr, minp_s, row, MINP_T)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
-    inv_z = 1.0 / tl.load(sf_ptr + row * NS + S_ZF)
+    inv_z = tl.math.div_rn(1.0, tl.load(sf_ptr + row * NS + S_ZF))
     k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     pf = pf_ptr + row * NP * NT
     pi = pi_ptr + row * NPI * NT

@@ -82,6 +82,13 @@ GATHER_SLOTS_PF = 5 * SMS
 RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
+# At most one merge row per SM runs one program per SM whatever the cap, so there the merge
+# takes more: with the exact quotient (common._quotient) four variants spill 4-16 bytes at 128
+# (kernels/aot.py SPILL_BOUND) and none at 144 or 168 (aot compiles both caps).
+MERGE_REGS_ONE = 168
+# The second read's finish (4 warps, one program per row): uncapped, ptxas chose 64 registers
+# and spilled 8 bytes around the exact quotient; 71 at this cap, none spilled.
+FINISH_REGS = 96
 # With the row state of processed top-N logprobs the merge spills 16-20 bytes under 128 (and
 # 136) registers, none at 168-178: one program per SM, the same as B <= 132 rows run anyway.
 MERGE_REGS_STATE = 192
@@ -392,8 +399,16 @@ def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_l
         KT=g["KT"], CB=g["CB"], NT_P2=g["NT_P2"], NPIV=npiv, MAX_ROUNDS=max_rounds,
         NB=256, INV_W=16.0, LB_BLOCK=256, DIRTY_MAX=8, NWIN=8, D0_EXP=-2, STATE=c.top.state,
         KEEP_LIST=keep_list, SCREEN=c.screen, num_warps=warps, R=min(g["TILE"], 32 * warps),
-        **_regs(MERGE_REGS_STATE if c.top.state or "HDIRECT" in c.const else MERGE_REGS),
-        **c.const, **exact_fp())
+        **_merge_regs(c, L.shape[0], L.device), **c.const, **exact_fp())
+
+
+def _merge_regs(c, rows, dev):
+    """The merge's register cap (MERGE_REGS_*): two programs per SM only matter past one row
+    an SM."""
+    if c.top.state or "HDIRECT" in c.const:
+        return _regs(MERGE_REGS_STATE)
+    sms = _sm_count(dev.index or 0) if dev.type == "cuda" else SMS
+    return _regs(MERGE_REGS if rows > sms else MERGE_REGS_ONE)
 
 
 def _second_work(c):
@@ -444,7 +459,7 @@ def _finish_second(c, rf, qf, qi, tok, logp, sf, write_probs):
         *c.p["seed"].pair(), *c.p["off"].pair(), rf, qf, qi, tok, logp, sf, *c.cdargs,
         **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], S_TAU=S_TAU, S_ZF=S_ZF,
         NS=NS, WRITE_PROBS=write_probs, NT_P2=g["NT_P2"], STATE=c.top.state, num_warps=4,
-        **c.const, **exact_fp())
+        **_regs(FINISH_REGS), **c.const, **exact_fp())
 
 
 def _launch_band(c, tok, logp, band, xs, wf, cnt, npiv, max_rounds, second=None):

@@ -46,9 +46,10 @@ with CD).
 import triton
 import triton.language as tl
 
-from .common import (BAND_S, LOG2E, NBIN, _band_bin, _better, _gumbel_fast, _kept_slots_max,
-                     _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _row_key,
-                     _row_scale)
+from .common import (NBIN, _band_bin, _band_scale, _better, _gumbel_fast, _kept_slots_max,
+                     _log2e_scale,
+                     _maxmin_combine, _pack_cand, _param, _penalised_tile, _pure_row, _quotient,
+                     _reciprocal, _row_key, _row_scale)
 from .second import NSHARE, _ticket
 from .topn import _block_raw, _block_raw_cands, _block_top
 
@@ -96,8 +97,8 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
     vm, lov = tl.reduce((xp, tl.where(xp > float("-inf"), xp, float("inf"))), 0, _maxmin_combine)
     z = tl.sum(tl.math.exp2((xp - vm) * c2), axis=0)
     z = tl.where(vm == float("-inf"), 0.0, z)
-    m = vm / tdiv
-    lo = lov / tdiv
+    m = _quotient(vm, tdiv)
+    lo = _quotient(lov, tdiv)
     npos = tl.zeros([], tl.int32)
     nnan = tl.zeros([], tl.int32)
     v = xp
@@ -129,7 +130,7 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
             # a redone block (NaN, +inf or an overflowed x) left finite logits out of v: its
             # raw candidates prove nothing (G = +inf sends the row to the row pass)
             _block_raw_cands(rsw, row, NT, t, nkeep, tl.where(redo, float("inf"), g))
-        g = g / tdiv
+        g = _quotient(g, tdiv)
     _store_partials(wfrow, wirow, NT, t, m, z, lo, g, nfin, npos, nnan, nkeep)
     return emax, elo
 
@@ -138,7 +139,7 @@ def _block_stats(lrow, arow, erow, brow, xrow, wfrow, wirow, cand_ptr, row, NT, 
 def _block_redo(xp, tdiv):
     """A flagged block (NaN, +inf, an overflowed or large x) exactly on x = xp / T: (m, lo, z,
     v = xp on finite x else -inf, max v, NaN count, +inf count)."""
-    x = xp / tdiv
+    x = _quotient(xp, tdiv)
     fin = tl.abs(x) < float("inf")
     nnan = tl.sum((x != x).to(tl.int32), axis=0)
     npos = tl.sum((x == float("inf")).to(tl.int32), axis=0)
@@ -193,7 +194,7 @@ def _block_bands(v, vm, hmask, tdiv, hrow, frow, t):
     block t covers x ~ [(F_t - j) / BAND_S, (F_t - j + 1) / BAND_S)): NBIN int16 + 1 float,
     260 bytes per block. v is -inf where xp is not finite (the block's exact redo did that).
     Returns (each lane's bin, the counts)."""
-    s = BAND_S / tdiv
+    s = _band_scale(tdiv)
     F = tl.floor(vm * s)
     # clamped: past |F| = 2^24 _band_bin can give NBIN (common.py), which the histogram would
     # drop from the counts (and nfin); such blocks lie outside every band plan's window
@@ -218,7 +219,7 @@ def _band_cands(v, offs, vm, hmask, tdiv, cand_ptr, hrow, frow, row, NT, t, TILE
     tl.static_assert((KT < 2048) & (TILE < 4096))
     j, h = _block_bands(v, vm, hmask, tdiv, hrow, frow, t)
     w = tl.arange(0, NWIN)
-    ends = tl.ceil(tl.exp2((w + D0_EXP).to(tl.float32)) * BAND_S / tdiv) - 1.0
+    ends = tl.ceil(tl.exp2((w + D0_EXP).to(tl.float32)) * _band_scale(tdiv)) - 1.0
     ends = tl.where(w == NWIN - 1, NBIN - 1,
                     tl.minimum(tl.maximum(ends, 0.0), NBIN - 2.0).to(tl.int32))
     cum = tl.gather(tl.cumsum(h, 0), ends, 0)
@@ -245,7 +246,7 @@ def _block_draw(v, offs, tdiv, k0, k1, wfrow, wirow, NT, t, TILE: tl.constexpr):
     covers x' - x and G's GUMBEL_FAST_ERR, and it recomputes each block's best with _gumbel."""
     # x' is clamped at -FLT_MAX: near it the product can overflow where the quotient does not
     # (x finite, x' = -inf), and such a token must still score (or s = -inf + inf = NaN)
-    rinv = 1.0 / tdiv
+    rinv = _reciprocal(tdiv)  # fl(1 / T): the bound above takes it rounded
     xq = tl.maximum(v * rinv, -3.4028234663852886e38)
     s = tl.where(v > float("-inf"), xq + _gumbel_fast(k0, k1, offs), float("-inf"))
     lane = tl.arange(0, TILE)
@@ -414,7 +415,7 @@ def _stats_kernel(
         TEMP_T, REP_T, PRES_T, FREQ_T)
     la = _param(la_ptr, la_s, row, LA_T)
     beta = _param(beta_ptr, beta_s, row, BETA_T)
-    c2 = LOG2E / tdiv
+    c2 = _log2e_scale(tdiv)
     pure = tl.zeros([], tl.int1)
     if PURE_OK:
         k = _param(topk_ptr, topk_s, row, TOPK_T, tl.int64)

@@ -8,9 +8,11 @@ left this one-test file last).
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
 process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills
-and that every read of a row's list that other threads stored is behind a barrier.
+(but the merges of aot.SPILL_BOUND at their 128 cap, within the bound), that no fp32 division is
+approximate, and that every read of a row's list that other threads stored is behind a barrier.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -24,11 +26,25 @@ def test_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-m", "gpu_sampler.kernels.aot"], env=env,
                        capture_output=True, text=True, timeout=900)  # a hang guard: ~2-5 min
     assert r.returncode == 0, r.stderr[-3000:]
-    from gpu_sampler.kernels.aot import VARIANTS
+    from gpu_sampler.kernels import sampling
+    from gpu_sampler.kernels.aot import SPILL_BOUND, VARIANTS
     lines = [ln for ln in r.stdout.splitlines() if "sm_90 cubin" in ln]
     assert len(lines) == len(VARIANTS), r.stdout
-    spills = [ln for ln in lines if "registers" in ln and " 0 bytes spilled" not in ln]
+    # no variant spills but the merges named in SPILL_BOUND at the 128 cap (two programs per
+    # SM), each within its bound; their one-program-per-SM caps (the launcher's at most one
+    # row an SM) are variants of their own and spill nothing
+    spills = []
+    for ln in lines:
+        m = re.match(r"(.*): sm_90 cubin \d+ bytes; \d+ registers, (\d+) bytes spilled", ln)
+        if m and int(m.group(2)) > SPILL_BOUND.get(m.group(1), 0):
+            spills.append(ln)
     assert not spills, spills
+    assert all(VARIANTS[n + " one per SM"][1]["maxnreg"] == sampling.MERGE_REGS_ONE
+               for n in SPILL_BOUND)
+    # every fp32 division is exact: Triton's `/` (div.full.f32, within 2 ulps) is nowhere
+    # (common._quotient, tests/test_quotient.py)
+    approx = [ln for ln in lines if "APPROX" in ln]
+    assert not approx, approx
     # a list stored by some threads and read back by others needs a bar.sync between
     # (aot.unfenced_list_reads; an H200 read stale band-list entries without one)
     racy = [ln for ln in lines if "UNFENCED" in ln]
@@ -60,3 +76,24 @@ def test_approximate_division_is_found():
             '.loc 1 610 9', 'div.rn.f32 %r3, %r1, %r5;']
     assert aot.approx_divisions("\n".join(body)) == [("common.py", 603)]
     assert aot.approx_divisions("\n".join(body[:1] + body[3:])) == []
+
+
+def test_merge_cap_follows_rows_per_sm():
+    """The merge's register cap (sampling._merge_regs): 168 while each SM runs at most one of
+    its programs (no occupancy to lose: the exact quotient's merges spill nothing there), 128
+    past one row an SM (two programs per SM; aot.SPILL_BOUND's few bytes), 192 for the
+    row-state and direct-history merges as before."""
+    import types
+
+    import torch
+
+    from gpu_sampler.kernels import sampling
+    if torch.version.hip:
+        pytest.skip("no register caps on ROCm")
+    c = types.SimpleNamespace(top=types.SimpleNamespace(state=False), const={})
+    cpu = torch.device("cpu")
+    assert sampling._merge_regs(c, 1, cpu) == {"maxnreg": sampling.MERGE_REGS_ONE}
+    assert sampling._merge_regs(c, sampling.SMS, cpu) == {"maxnreg": sampling.MERGE_REGS_ONE}
+    assert sampling._merge_regs(c, sampling.SMS + 1, cpu) == {"maxnreg": sampling.MERGE_REGS}
+    c.const = {"HDIRECT": True}
+    assert sampling._merge_regs(c, 1, cpu) == {"maxnreg": sampling.MERGE_REGS_STATE}
