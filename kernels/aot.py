@@ -282,7 +282,8 @@ VARIANTS = {
                                   maxnreg=192)),
     "merge:state+mask+bias": ("merge", dict(PER_ROW, HAS_MASK=True, HAS_BIAS=True, STATE=True,
                                             maxnreg=192)),
-    "finish:state": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, STATE=True, num_warps=4)),
+    "finish:state": ("finish", dict(S_TAU=1, S_ZF=2, NS=5, STATE=True, num_warps=4,
+                                    maxnreg=96)),
     "stats:top-n raw reuse": ("stats", dict(HAS_REP=False, PURE_OK=False, TOPN_KB=64,
                                             TOPN_REUSE=True, num_warps=4, maxnreg=64)),
     "stats:top-n raw reuse+per-row": ("stats", dict(PER_ROW, HAS_REP=False, PURE_OK=False,
@@ -297,9 +298,10 @@ VARIANTS = {
     "write_probs:cd": ("write_probs", dict(CD=True, HAS_MINP=True, num_warps=4)),
     # speculative verification against draft distributions (kernels/residual.py)
     "merge:residual": ("merge", dict(WRITE_PROBS=True, KEEP_LIST=True, maxnreg=128)),
-    "residual:solo": ("residual", dict(SOLO=True, LB=256, num_warps=8)),
+    "residual:solo": ("residual", dict(SOLO=True, LB=256, num_warps=8, maxnreg=80)),
     "residual:per-row+minp+pf": ("residual", dict(PER_ROW, HAS_MINP=True, HAS_PF=True,
-                                                  SOLO=False, LB=256, num_warps=8)),
+                                                  SOLO=False, LB=256, num_warps=8,
+                                                  maxnreg=80)),
     "residual_finish": ("residual_finish", dict(num_warps=4)),
 }
 

@@ -31,8 +31,8 @@ from .second import HANDED, NR, R_M, R_ME, R_S, R_Z, SHARE_BAND, SHARE_HANDED, _
 from .common import (EMPTY_SLOT, LOG2E, NBIN, NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF,
                      _add_max, _bad_row, _better, _cand_id, _cand_x, _edges_combine, _gumbel,
                      _head, _param, _penalised_tile, _pivot_init, _pivot_partials, _pivot_update,
-                     _log2e_scale, _pivots, _pure_row, _quotient, _row_key, _row_scale,
-                     _screen_bound, _tempered)
+                     _log2e_scale, _pivots, _pure_row, _quotient, _reciprocal, _row_key,
+                     _row_scale, _screen_bound, _tempered)
 from .stats import (DRAW_SLACK, F_BX, F_G, F_LO, F_M, F_S2, F_Z, I_BID, I_NCAND, I_NFIN,
                     I_NNAN, I_NPOS, _block_stats, _row_bases)
 
@@ -1137,7 +1137,7 @@ def _write_probs_kernel(
         lminp = tl.full([], float("-inf"), tl.float32)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
-    inv_z = tl.math.div_rn(1.0, tl.load(sf_ptr + row * NS + S_ZF))
+    inv_z = _reciprocal(tl.load(sf_ptr + row * NS + S_ZF))  # 1 / Z exact, no div.rn call
     xpmax = tl.load(sf_ptr + row * NS + S_XPMAX)
     flags = tl.load(si_ptr + row * 2)
     gidx = tl.load(si_ptr + row * 2 + 1).to(tl.int64)

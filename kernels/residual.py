@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .common import (NO_ID, NS, S_M, S_ME, S_TAU, S_XPMAX, S_ZF, _best, _better, _gumbel,
-                     _param, _penalised_tile, _row_key, _row_scale, _tempered)
+                     _param, _penalised_tile, _reciprocal, _row_key, _row_scale, _tempered)
 
 # per-program partials of a row read again (float32 [R, NP, NT], int32 [R, NPI, NT]; C <= NT)
 P_RM, P_RS, P_RP, P_PS, P_PP, P_PD = (tl.constexpr(i) for i in range(6))
@@ -167,7 +167,7 @@ def _residual_kernel(
         lminp = _param(minp_ptr, minp_s, row, MINP_T)
     M = tl.load(sf_ptr + row * NS + S_M)
     tau = tl.load(sf_ptr + row * NS + S_TAU)
-    inv_z = tl.math.div_rn(1.0, tl.load(sf_ptr + row * NS + S_ZF))
+    inv_z = _reciprocal(tl.load(sf_ptr + row * NS + S_ZF))  # 1 / Z exact, no div.rn call
     k0, k1 = _row_key(seed_ptr, seed_s, off_ptr, off_s, row, SEED_T, OFF_T)
     pf = pf_ptr + row * NP * NT
     pi = pi_ptr + row * NPI * NT

@@ -80,6 +80,8 @@ GATHER_REGS_PF = 96
 BAND_SLICES = 16           # the band finish's slices of a row's band list, at most
 GATHER_SLOTS_PF = 5 * SMS
 RESIDUAL_SLOTS = 3 * SMS   # kernels/residual.py's read: 8 warps, 72-80 registers
+# its cap: uncapped, the exact quotient took residual:solo to 97 registers (2 programs per SM)
+RESIDUAL_REGS = 80
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 # At most one merge row per SM runs one program per SM whatever the cap, so there the merge
@@ -583,7 +585,7 @@ def _launch_residual(c, sf, si, xs, q, d):
         *c.p["seed"].pair(), *c.p["off"].pair(), sf, si, *xs, g["KT"],
         q, q.stride(0), q.stride(1), d, d.stride(0), d.shape[1] + 1, pf, pi, tok, logp, pd,
         *c.cdargs, **c.flags("minp", "seed", "off"), HAS_MINP=c.modes["HAS_MINP"], LB=256,
-        SOLO=solo, num_warps=8, **c.const, **exact_fp())
+        SOLO=solo, num_warps=8, **_regs(RESIDUAL_REGS), **c.const, **exact_fp())
     if not solo:
         _residual_finish[(B,)](si, pf, pi, tok, logp, pd, NT, cr, NT_P2=g["NT_P2"],
                                num_warps=4, **exact_fp())
