@@ -312,9 +312,8 @@ VARIANTS = {
 # merge MERGE_REGS_ONE, and the same variants compile there without a spill (" one per SM").
 SPILL_BOUND = {"merge:mask+bias": 16, "merge:topk+topp+rep": 16, "merge:per-row+minp+pf": 16,
                "merge:per-row+minp+pf screened": 16}
-for _name in SPILL_BOUND:
-    _kernel_name, _flags = VARIANTS[_name]
-    VARIANTS[_name + " one per SM"] = (_kernel_name, dict(_flags, maxnreg=168))
+VARIANTS.update({name + " one per SM": (VARIANTS[name][0], dict(VARIANTS[name][1], maxnreg=168))
+                 for name in SPILL_BOUND})  # 168: sampling.MERGE_REGS_ONE (the test checks it)
 
 
 def main(argv=None):
