@@ -668,9 +668,9 @@ def _quotient(xp, tdiv):
     all 2^32 dividends; below, logits that are 0 in all but name, it can miss by an ulp;
     tests/test_quotient.py checks it against torch). +-inf and NaN keep q; xp = -0 gives +0
     (equal to -0 in every comparison, sum and exp). Six instructions a lane where
-    div.full.f32 took three (the scale's multiply, below, included). At tdiv = 1 (T 1.0, the usual top-p temperature) a uniform
-    branch skips it all (xp / 1 = xp): the band gather, modelled (64, 128256) T 1.0 top-p
-    0.95, 54.0 -> 50.2 us."""
+    div.full.f32 took three (the scale's multiply, below, included). At tdiv = 1 (T 1.0, the
+    usual top-p temperature) a uniform branch skips it all (xp / 1 = xp): the band gather,
+    modelled (64, 128256) T 1.0 top-p 0.95, 54.0 -> 50.2 us."""
     if tdiv == 1.0:
         x = xp
     else:

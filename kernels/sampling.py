@@ -383,7 +383,8 @@ def _launch_stats(c, wf, wi, cand, hb, ft, cnt):
         num_warps=c.num_warps, R=min(g["TILE"], 32 * c.num_warps),
         **_regs(c.regs),
         **c.flags("topk", "topp", "minp", "seed", "off"), **c.modes, PURE_OK=c.pure_ok,
-        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, SHARE=c.second or c.bands, **c.const, **exact_fp())
+        GREEDY=c.greedy, GREEDY_ROWS=c.greedy_rows, SHARE=c.second or c.bands, **c.const,
+        **exact_fp())
 
 
 def _launch_merge(c, work, out, band, cnt, write_probs, npiv, max_rounds, keep_list=False):
