@@ -54,7 +54,8 @@ from .topn import NRAW, _top_n_kernel
 
 INVALID_TOKEN = -1
 SMS = 132                  # H100 / H200 SMs: the launch geometry below is planned for them
-STATS_REGS = 64            # stage 1 is compiled to <= 64 registers (no spills): 8 programs per SM
+STATS_REGS = 64            # stage 1 is compiled to <= 64 registers: 8 programs per SM (a few
+# variants spill 4-16 bytes of row-uniform values there, reloaded once a block: aot.SPILL_BOUND)
 STATS_SLOTS = 8 * SMS      # stage-1 programs resident at once (4 warps, <= 64 regs)
 # With repetition *and* presence/frequency penalties, the pure-temperature draw loop of stage 1
 # needs 72 registers (64 spilled 40 bytes, kernels/README.md): 7 programs per SM there.
@@ -85,8 +86,8 @@ RESIDUAL_REGS = 80
 RAW_SLOTS = 64             # raw top-N candidates a block (the sampling candidates' windows)
 MERGE_REGS = 128           # the merge (8 warps) fits two programs per SM: 264 rows a wave
 # At most one merge row per SM runs one program per SM whatever the cap, so there the merge
-# takes more: with the exact quotient (common._quotient) four variants spill 4-16 bytes at 128
-# (kernels/aot.py SPILL_BOUND) and none at 144 or 168 (aot compiles both caps).
+# takes more: with the exact quotient (common._quotient) seven variants spill 4-28 bytes at 128
+# (kernels/aot.py MERGE_SPILL_BOUND) and none at 168 (aot compiles both caps).
 MERGE_REGS_ONE = 168
 # The second read's finish (4 warps, one program per row): uncapped, ptxas chose 64 registers
 # and spilled 8 bytes around the exact quotient; 71 at this cap, none spilled.

@@ -7,8 +7,9 @@ left this one-test file last).
 
 The interpreter runs the kernel's Python semantics but not the compiler's type rules, layout
 passes or register allocation; this runs the real Triton pipeline down to a cubin in a fresh
-process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that none spills
-(but the merges of aot.SPILL_BOUND at their 128 cap, within the bound), that no fp32 division is
+process (without TRITON_INTERPRET) for the constexpr variants of every kernel, and checks that the
+registers and spills reported are those of the cubin Triton built (ptxas with Triton's flags), that
+none spills but the variants of aot.SPILL_BOUND, each within its bound, that no fp32 division is
 approximate, and that every read of a row's list that other threads stored is behind a barrier.
 """
 import os
@@ -27,12 +28,15 @@ def test_compiles_for_sm90():
                        capture_output=True, text=True, timeout=900)  # a hang guard: ~2-5 min
     assert r.returncode == 0, r.stderr[-3000:]
     from gpu_sampler.kernels import sampling
-    from gpu_sampler.kernels.aot import SPILL_BOUND, VARIANTS
+    from gpu_sampler.kernels.aot import MERGE_SPILL_BOUND, SPILL_BOUND, VARIANTS
     lines = [ln for ln in r.stdout.splitlines() if "sm_90 cubin" in ln]
     assert len(lines) == len(VARIANTS), r.stdout
-    # no variant spills but the merges named in SPILL_BOUND at the 128 cap (two programs per
-    # SM), each within its bound; their one-program-per-SM caps (the launcher's at most one
-    # row an SM) are variants of their own and spill nothing
+    # the usage reported is the launched cubin's: ptxas run with Triton's flags wrote the same
+    # bytes (bare, it allocated otherwise and reported fewer spills: aot.PTXAS_FLAGS)
+    assert not [ln for ln in lines if "NOT THE BUILT CUBIN" in ln or "unavailable" in ln]
+    # no variant spills but those named in SPILL_BOUND, each within its bound; the merges'
+    # one-program-per-SM caps (the launcher's at most one row an SM) are variants of their
+    # own and spill nothing
     spills = []
     for ln in lines:
         m = re.match(r"(.*): sm_90 cubin \d+ bytes; \d+ registers, (\d+) bytes spilled", ln)
@@ -40,7 +44,7 @@ def test_compiles_for_sm90():
             spills.append(ln)
     assert not spills, spills
     assert all(VARIANTS[n + " one per SM"][1]["maxnreg"] == sampling.MERGE_REGS_ONE
-               for n in SPILL_BOUND)
+               for n in MERGE_SPILL_BOUND)
     # every fp32 division is exact: Triton's `/` (div.full.f32, within 2 ulps) is nowhere
     # (common._quotient, tests/test_quotient.py)
     approx = [ln for ln in lines if "APPROX" in ln]
@@ -81,7 +85,7 @@ def test_approximate_division_is_found():
 def test_merge_cap_follows_rows_per_sm():
     """The merge's register cap (sampling._merge_regs): 168 while each SM runs at most one of
     its programs (no occupancy to lose: the exact quotient's merges spill nothing there), 128
-    past one row an SM (two programs per SM; aot.SPILL_BOUND's few bytes), 192 for the
+    past one row an SM (two programs per SM; aot.MERGE_SPILL_BOUND's few bytes), 192 for the
     row-state and direct-history merges as before."""
     import types
 
