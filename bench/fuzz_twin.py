@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--wide", action="store_true", help="penalties, mask, bias, CD, top-N")
     args = ap.parse_args()
     from gpu_sampler.kernels.interpreter import skip_repeated_language_patching
-    skip_repeated_language_patching()
+    skip_repeated_language_patching(memo=True)
     lo, hi = (int(v) for v in args.seeds.split(":"))
     bad = 0
     for seed in range(lo, hi):

@@ -25,6 +25,13 @@ objects built then (_share_shapes), and the int32 overflow check, whose only eff
 device_assert that Triton drops without debug, is skipped without debug
 (_skip_unasserted_overflow_checks). Values, loads and stores are unchanged
 (tests/test_interpreter_shortcuts.py).
+
+The helpers of MEMO_HELPERS are functions of their one argument's value alone (no load, no
+program id): common.py's exact reciprocal, ~20 scalar ops (four Newton steps), which the GPU
+compiler hoists out of a block loop and the interpreter reran in every block and program (9 of
+96 s in two band tests, thirty-sixth session). Called with one scalar, such a helper runs once
+per distinct (dtype, bits) and later calls take a copy of that value. Asked for by the tests
+and the fuzzer, not by bench/model_call.py: the model's trace sees every program's code.
 """
 import builtins
 
@@ -32,10 +39,17 @@ import numpy as np
 
 TRITON_GENERIC_REDUCE = []  # Triton's own generic_reduce, once replaced
 TRITON_OWN = {}  # Triton's own type constructors and overflow check, once replaced (tests)
+MEMO_HELPERS = frozenset({"_reciprocal", "_reciprocal_normal", "_divisor_scale"})  # common.py
+MEMO_SCALAR = frozenset()  # the helpers memoized: MEMO_HELPERS once asked for, else none
+MEMO = {}  # (helper, dtype, argument bytes) -> its value; tests clear it
 
 
-def skip_repeated_language_patching():
-    """Install both shortcuts once; a Triton without these internals keeps its own."""
+def skip_repeated_language_patching(memo=False):
+    """Install the shortcuts once (memo: MEMO_HELPERS too); a Triton without these internals
+    keeps its own."""
+    global MEMO_SCALAR
+    if memo:
+        MEMO_SCALAR = MEMO_HELPERS
     try:
         import triton.language as tl
         from triton.runtime import interpreter as ti
@@ -59,6 +73,8 @@ def skip_repeated_language_patching():
             return own_call(self, *args, **kwargs)
         fn = self.rewrite()
         try:
+            if self.fn.__name__ in MEMO_SCALAR and len(args) == 1 and not kwargs:
+                return _memo_scalar(core, self.fn, fn, args[0])
             return fn(*args, **kwargs)
         except Exception as e:
             raise error(repr(e)) from e
@@ -84,6 +100,19 @@ def skip_repeated_language_patching():
         TRITON_GENERIC_REDUCE.append(ti.ReduceOps.generic_reduce)  # tests compare with it
         ti.ReduceOps.generic_reduce = _tree_reduce
     return True
+
+
+def _memo_scalar(core, key_fn, fn, arg):
+    """fn(arg) for a MEMO_SCALAR helper: computed once per scalar argument's dtype and bits, a
+    fresh tensor over a copy of the value each call; a block or non-tensor argument runs fn."""
+    if not isinstance(arg, core.tensor) or arg.type.is_block():
+        return fn(arg)
+    key = (key_fn, arg.dtype.name, arg.handle.data.tobytes())
+    got = MEMO.get(key)
+    if got is None:
+        got = MEMO[key] = fn(arg)
+    h = got.handle
+    return core.tensor(type(h)(h.data.copy(), h.dtype), got.type)
 
 
 def _share_shapes(core):

@@ -61,6 +61,6 @@ BACKENDS = ["torch"] + (["triton"] if triton_runs_here() else [])
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:  # kernels/interpreter.py: Triton's interpreter without its per-helper re-patching
         from gpu_sampler.kernels.interpreter import skip_repeated_language_patching
-        skip_repeated_language_patching()
+        skip_repeated_language_patching(memo=True)
     except ImportError:  # no triton: the torch backend only
         pass

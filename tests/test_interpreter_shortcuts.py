@@ -16,6 +16,7 @@ if "triton" in BACKENDS and DEVICE == "cpu":
     from triton.language import core, semantic
 
     from gpu_sampler.kernels import interpreter
+    from gpu_sampler.kernels.common import _reciprocal
 
     @triton.jit
     def _mix_kernel(a_ptr, b_ptr, x_ptr, o_ptr, f_ptr, N: tl.constexpr):
@@ -31,6 +32,12 @@ if "triton" in BACKENDS and DEVICE == "cpu":
         z = tl.where(y[:, None] > y[None, :], y[:, None] * 2, (y.to(tl.bfloat16).to(tl.float32)
                                                                 - 1)[None, :])
         tl.store(f_ptr + i[:, None] * N + i[None, :], z)
+
+    @triton.jit
+    def _recip_kernel(d_ptr, o_ptr, N: tl.constexpr):
+        for i in range(N):  # one scalar at a time: the memoized helpers' calls
+            tl.store(o_ptr + i, _reciprocal(tl.load(d_ptr + i)))
+
 
 def _own(name):
     assert interpreter.TRITON_OWN, "conftest installs the shortcuts"
@@ -96,3 +103,21 @@ def test_kernel_bits_equal_with_tritons_own_bookkeeping(monkeypatch):
     # Triton's integer // and % round toward zero (C), numpy's toward -inf
     want = np.fmod(np.trunc(m.astype(np.float64) / 7), 1000).astype(np.int32)
     assert torch.equal(mine[2], torch.from_numpy(want))
+
+
+def test_memoized_reciprocal_equals_its_own_run(monkeypatch):
+    """The MEMO_SCALAR helpers give the bits they give when run (first call per value, repeats,
+    the all-ones significand, subnormal and huge divisors), and each call its own tensor."""
+    d = torch.tensor([0.6, 0.6, 1.0, 3.0, -0.7, 1.9999999, 1e-45, 3e38, 0.6, -1e-40])
+    interpreter.MEMO.clear()
+    got = [torch.zeros_like(d) for _ in range(2)]
+    for o in got:  # the second pass takes every value from the memo
+        _recip_kernel[(1,)](d, o, d.numel())
+    assert interpreter.MEMO
+    monkeypatch.setattr(interpreter, "MEMO_SCALAR", frozenset())
+    own = torch.zeros_like(d)
+    _recip_kernel[(1,)](d, own, d.numel())
+    for o in got:
+        assert torch.equal(o.view(torch.int32), own.view(torch.int32))
+    normal = d.abs() < 2.0 ** 125
+    assert torch.equal(own[normal], (1.0 / d)[normal])
