@@ -7,6 +7,8 @@ the triton wheel) for sm_90 and reports registers and spills. No driver is neede
     python -m gpu_sampler.kernels.aot            # prints one line per variant
 Must run without TRITON_INTERPRET=1 (the interpreter replaces @triton.jit functions).
 """
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -119,10 +121,39 @@ def compile_variant(kernel="merge", arch=90, num_warps=8, logits_dtype="fp32", m
 PTXAS_FLAGS = ("-lineinfo", "--fmad=false", "-v", "--regAllocOptLevel=2")
 
 
+def compile_logged(kernel, **flags):
+    """(compile_variant's CompiledKernel, (registers, spill bytes, True) from the -v log of the
+    ptxas run that built its cubin, or None where the cubin came from Triton's cache)."""
+    from triton import knobs
+    before, buf = knobs.nvidia.dump_ptxas_log, io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True  # Triton prints the log (make_cubin); not in its key
+    try:
+        with contextlib.redirect_stdout(buf):
+            ck = compile_variant(kernel, **flags)
+    finally:
+        knobs.nvidia.dump_ptxas_log = before
+    return ck, _usage(buf.getvalue(), True)
+
+
+def _usage(log, same):
+    m = re.search(r"Used (\d+) registers", log)
+    s = re.search(r"(\d+) bytes spill stores", log)
+    return (int(m.group(1)), int(s.group(1)) if s else 0, same) if m else None
+
+
 def ptxas_usage(ptx, cubin=None, arch=90):
     """(registers, spill bytes, same) from ptxas -v with Triton's flags; same: whether the
     cubin ptxas wrote is the given one, byte for byte (None without one), so that the usage
     reported is the launched cubin's. None when no ptxas that reads this PTX exists."""
+    got = run_ptxas(ptx, arch)
+    if got is None:
+        return None
+    log, built = got
+    return _usage(log, None if cubin is None else built == cubin)
+
+
+def run_ptxas(ptx, arch=90):
+    """(ptxas -v log, cubin bytes) of the wheel's ptxas with Triton's flags, or None."""
     import triton
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for exe in ("ptxas-blackwell", "ptxas"):  # Triton's choice for sm_90 and above
@@ -136,13 +167,16 @@ def ptxas_usage(ptx, cubin=None, arch=90):
             open(src, "w").write(ptx)
             r = subprocess.run([path, *PTXAS_FLAGS, f"--gpu-name=sm_{arch}a", src, "-o", out],
                                capture_output=True, text=True)
-            built = open(out, "rb").read() if os.path.exists(out) else None
-        m = re.search(r"Used (\d+) registers", r.stderr)
-        s = re.search(r"(\d+) bytes spill stores", r.stderr)
-        if m:
-            same = None if cubin is None else built == cubin
-            return int(m.group(1)), int(s.group(1)) if s else 0, same
+            if _usage(r.stderr, None):
+                return r.stderr, open(out, "rb").read()
     return None
+
+
+def at_cap(ptx, maxnreg):
+    """The same PTX under another register cap: Triton's PTX differs between caps only in its
+    .maxnreg line (every merge at 128 and 168, compared in the thirty-sixth session), so a
+    variant at another cap needs only ptxas, not Triton's ~15 s pipeline again."""
+    return re.sub(r"^\.maxnreg \d+$", f".maxnreg {maxnreg}", ptx, count=1, flags=re.M)
 
 
 # A row's list (candidates, band tokens) is stored by the lanes that compacted it and read back
@@ -333,25 +367,39 @@ SPILL_BOUND = dict(MERGE_SPILL_BOUND, **{
     "stats:bands+per-row+pf": 4, "gather:screened": 8, "gather:min-p screened": 16,
     "band_gather": 8, "band_gather:per-row+minp+pf+second": 8, "band_finish:second": 8,
     "top_n:raw": 8})
-VARIANTS.update({name + " one per SM": (VARIANTS[name][0], dict(VARIANTS[name][1], maxnreg=168))
+ONE_PER_SM = " one per SM"  # main() takes such a variant's PTX from its base variant (at_cap)
+VARIANTS.update({name + ONE_PER_SM: (VARIANTS[name][0], dict(VARIANTS[name][1], maxnreg=168))
                  for name in MERGE_SPILL_BOUND})  # 168: sampling.MERGE_REGS_ONE (tested)
 
 
 def main(argv=None):
     names = (argv if argv is not None else sys.argv[1:]) or list(VARIANTS)
+    ptx = {}
     for name in names:
+        base = name[:-len(ONE_PER_SM)] if name.endswith(ONE_PER_SM) else None
+        if base in ptx:  # the base variant's PTX at MERGE_REGS_ONE: ptxas alone
+            text = at_cap(ptx[base], VARIANTS[name][1]["maxnreg"])
+            log, cubin = run_ptxas(text)
+            print(_report(name, text, len(cubin), _usage(log, True)))
+            continue
         kernel, flags = VARIANTS[name]
-        ck = compile_variant(kernel, **flags)
-        usage = ptxas_usage(ck.asm["ptx"], ck.asm["cubin"])
-        extra = "ptxas -v unavailable"
-        if usage:
-            built = "" if usage[2] else "; NOT THE BUILT CUBIN (ptxas flags differ)"
-            extra = f"{usage[0]} registers, {usage[1]} bytes spilled{built}"
-        racy = unfenced_list_reads(ck.asm["ptx"])
-        fence = "; list reads fenced" if not racy else f"; UNFENCED list reads at {racy}"
-        approx = approx_divisions(ck.asm["ptx"])
-        div = "; divisions exact" if not approx else f"; APPROX divisions at {approx}"
-        print(f"{name}: sm_90 cubin {len(ck.asm['cubin'])} bytes; {extra}{fence}{div}")
+        # the log of the compile itself (a cold cache, as CI's), else ptxas run again here
+        ck, usage = compile_logged(kernel, **flags)
+        usage = usage or ptxas_usage(ck.asm["ptx"], ck.asm["cubin"])
+        ptx[name] = ck.asm["ptx"]
+        print(_report(name, ck.asm["ptx"], len(ck.asm["cubin"]), usage))
+
+
+def _report(name, ptx, cubin_bytes, usage):
+    extra = "ptxas -v unavailable"
+    if usage:
+        built = "" if usage[2] else "; NOT THE BUILT CUBIN (ptxas flags differ)"
+        extra = f"{usage[0]} registers, {usage[1]} bytes spilled{built}"
+    racy = unfenced_list_reads(ptx)
+    fence = "; list reads fenced" if not racy else f"; UNFENCED list reads at {racy}"
+    approx = approx_divisions(ptx)
+    div = "; divisions exact" if not approx else f"; APPROX divisions at {approx}"
+    return f"{name}: sm_90 cubin {cubin_bytes} bytes; {extra}{fence}{div}"
 
 
 if __name__ == "__main__":

@@ -101,3 +101,17 @@ def test_merge_cap_follows_rows_per_sm():
     assert sampling._merge_regs(c, sampling.SMS + 1, cpu) == {"maxnreg": sampling.MERGE_REGS}
     c.const = {"HDIRECT": True}
     assert sampling._merge_regs(c, 1, cpu) == {"maxnreg": sampling.MERGE_REGS_STATE}
+
+
+def test_one_per_sm_variants_take_their_base_ptx():
+    """aot compiles a merge's one-program-per-SM variant as its base variant's PTX with
+    another .maxnreg line (Triton's PTX differs in nothing else between caps: all seven, cubins
+    byte for byte, docs/notes.md thirty-sixth session): that line alone changes, and every such
+    variant has its base among the variants."""
+    from gpu_sampler.kernels import aot
+    ptx = ('.version 8.7\n.target sm_90a\n.visible .entry k(\n.param .u64 p\n)\n.maxnreg 128\n'
+           '{\nmov.u32 %r1, 128;\n// .maxnreg 128\n}\n')
+    assert aot.at_cap(ptx, 168) == ptx.replace("\n.maxnreg 128\n", "\n.maxnreg 168\n")
+    derived = [n for n in aot.VARIANTS if n.endswith(aot.ONE_PER_SM)]
+    assert len(derived) == len(aot.MERGE_SPILL_BOUND)
+    assert all(n[:-len(aot.ONE_PER_SM)] in aot.VARIANTS for n in derived)
