@@ -106,7 +106,7 @@ def test_merge_cap_follows_rows_per_sm():
 def test_one_per_sm_variants_take_their_base_ptx():
     """aot compiles a merge's one-program-per-SM variant as its base variant's PTX with
     another .maxnreg line (Triton's PTX differs in nothing else between caps: all seven, cubins
-    byte for byte, docs/notes.md thirty-sixth session): that line alone changes, and every such
+    byte for byte, bench/aot_derived.py): that line alone changes, and every such
     variant has its base among the variants."""
     from gpu_sampler.kernels import aot
     ptx = ('.version 8.7\n.target sm_90a\n.visible .entry k(\n.param .u64 p\n)\n.maxnreg 128\n'
