@@ -124,14 +124,19 @@ PTXAS_FLAGS = ("-lineinfo", "--fmad=false", "-v", "--regAllocOptLevel=2")
 def compile_logged(kernel, **flags):
     """(compile_variant's CompiledKernel, (registers, spill bytes, True) from the -v log of the
     ptxas run that built its cubin, or None where the cubin came from Triton's cache)."""
-    from triton import knobs
-    before, buf = knobs.nvidia.dump_ptxas_log, io.StringIO()
-    knobs.nvidia.dump_ptxas_log = True  # Triton prints the log (make_cubin); not in its key
+    try:
+        from triton import knobs
+        nv = knobs.nvidia
+        before = nv.dump_ptxas_log
+    except (ImportError, AttributeError):  # a Triton without the knob: ptxas_usage's rerun
+        return compile_variant(kernel, **flags), None
+    buf = io.StringIO()
+    nv.dump_ptxas_log = True  # Triton prints the log (make_cubin); not in its cache key
     try:
         with contextlib.redirect_stdout(buf):
             ck = compile_variant(kernel, **flags)
     finally:
-        knobs.nvidia.dump_ptxas_log = before
+        nv.dump_ptxas_log = before
     return ck, _usage(buf.getvalue(), True)
 
 
